@@ -1,0 +1,56 @@
+"""Accuracy bounds of DESIGN.md ("Correctness checks"), shared by every test and GPU check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Bound:
+    rel: float  # ||out - ref|| / ||ref||
+    max_abs: float
+
+
+# fp32 accumulation over bf16 inputs; FP8 KV is judged on dequantised values with these too.
+BF16 = Bound(rel=1e-2, max_abs=2e-2)
+# DESIGN.md bounds fp16 by its relative error; its max-abs bound is bf16's, never looser.
+FP16 = Bound(rel=3e-3, max_abs=2e-2)
+# float32 end to end (reference against reference-like code, CPU kernels under interpretation).
+FP32 = Bound(rel=1e-5, max_abs=1e-4)
+
+_BY_DTYPE = {torch.bfloat16: BF16, torch.float16: FP16, torch.float32: FP32, torch.float64: FP32}
+
+
+def bound_for(dtype: torch.dtype) -> Bound:
+    """The bound for outputs computed from inputs of this dtype (FP8 KV: pass the query dtype)."""
+    return _BY_DTYPE[dtype]
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(relative Frobenius error, max abs error), computed in float64."""
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    denom = r.norm().item()
+    rel = (o - r).norm().item() / denom if denom > 0 else (o - r).norm().item()
+    mx = (o - r).abs().max().item() if o.numel() else 0.0
+    return rel, mx
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "output") -> None:
+    """Fail on NaN anywhere, or on errors above DESIGN.md's bound for `dtype`."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten or poisoned rows?)"
+    b = bound_for(dtype)
+    rel, mx = errors(out, ref)
+    assert rel <= b.rel and mx <= b.max_abs, f"{what}: rel={rel:.3e} (<= {b.rel}), max_abs={mx:.3e} (<= {b.max_abs})"
+
+
+def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "lse") -> None:
+    """-inf exactly where the reference has -inf (no visible key), close elsewhere."""
+    lse, ref = lse.detach().double().cpu(), ref.detach().double().cpu()
+    assert not torch.isnan(lse).any(), f"{what}: NaN"
+    empty = torch.isinf(ref) & (ref < 0)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), f"{what}: -inf rows differ from the reference"
+    if (~empty).any():
+        assert_close(lse[~empty], ref[~empty], dtype, what)

@@ -1,0 +1,1 @@
+"""Portable HIP kernels compiled at run time (hiprtc on ROCm, NVRTC on NVIDIA), cached on disk."""
