@@ -226,10 +226,12 @@ def decode_splits(
     num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
 ) -> int:
     """Splits per decode request: enough CTAs for `target_waves` per SM, none shorter than
-    `min_split_tokens` keys, at most `max_splits`. One count for the whole batch keeps the
+    `min_split_tokens` visible keys, at most `max_splits`. One count for the whole batch keeps the
     grid and the workspace shape fixed (CUDA graphs)."""
     if num_decodes == 0:
         return 1
+    if facts.window > 0:  # keys outside the window are skipped, not split
+        max_context = min(max_context, facts.window + facts.sink_tokens)
     ctas = num_decodes * facts.num_kv_heads
     want = -(-(platform.num_sms * config.target_waves) // ctas)
     by_length = max(1, max_context // config.min_split_tokens)

@@ -1,0 +1,173 @@
+"""The planner's routing table: every request's phase, path and reason, from shapes alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atom_backend.planner import ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason, plan
+
+GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
+LLAMA = ModelFacts(32, 8, 128)
+H100 = Platform()
+DEFAULT = PlannerConfig()
+
+
+def routes(p: Plan, n: int) -> list[tuple[str, str, str]]:
+    return [p.route_of(i) for i in range(n)]
+
+
+# (name, new tokens, cached tokens, facts, config, expected (phase, path, reason) per request)
+TABLE = [
+    ("decode_only", [1, 1, 1], [100, 4000, 0], GPT_OSS, DEFAULT,
+     [("decode", "splitkv", "preferred")] * 3),
+    ("fresh_prefill", [4096], [0], LLAMA, DEFAULT, [("prefill", "varlen", "preferred")]),
+    ("prefix_hit_with_sinks", [512], [4096], GPT_OSS, DEFAULT, [("prefill", "varlen", "preferred")]),
+    ("mixed", [1, 2048, 1, 300, 0], [900, 0, 50, 1200, 7], GPT_OSS, DEFAULT,
+     [("decode", "splitkv", "preferred"), ("prefill", "varlen", "preferred"),
+      ("decode", "splitkv", "preferred"), ("prefill", "varlen", "preferred"), ("empty", "-", "-")]),
+    ("small_prefill", [4], [100], LLAMA, DEFAULT, [("prefill", "unified", "small_prefill")]),
+    ("gather_cost", [16], [16 * 64 + 1], LLAMA, DEFAULT, [("prefill", "unified", "gather_cost")]),
+    ("gather_ratio_edge", [16], [16 * 64], LLAMA, DEFAULT, [("prefill", "varlen", "preferred")]),
+    ("head_dim_80", [1, 256], [30, 0], ModelFacts(32, 8, 80), DEFAULT,
+     [("decode", "unified", "unsupported_head_dim"), ("prefill", "unified", "unsupported_head_dim")]),
+    ("forced_unified", [1024], [0], LLAMA, PlannerConfig(force_path="unified"), [("prefill", "unified", "forced_by_config")]),
+    ("forced_varlen_beats_cost", [4], [100000], LLAMA, PlannerConfig(force_path="varlen"), [("prefill", "varlen", "preferred")]),
+    ("varlen_disabled", [1024], [0], LLAMA, PlannerConfig(disable_varlen=True), [("prefill", "unified", "varlen_disabled")]),
+    ("spec_decode", [3, 9], [100, 100], LLAMA, PlannerConfig(decode_max_query_tokens=4),
+     [("decode", "splitkv", "preferred"), ("prefill", "varlen", "preferred")]),
+    ("fp32_queries", [64], [0], ModelFacts(8, 8, 64, dtype="fp32"), DEFAULT, [("prefill", "unified", "unsupported_dtype")]),
+    ("fp8_kv_prefix_hit", [128], [1024], ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_page"), DEFAULT,
+     [("prefill", "varlen", "preferred")]),
+    ("fp8_fnuz_decode_on_nvidia", [1], [10], ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3fnuz", kv_scale_mode="per_tensor"), DEFAULT,
+     [("decode", "unified", "unsupported_kv_format")]),
+]
+
+
+@pytest.mark.parametrize("name,new,cached,facts,config,expected", TABLE, ids=[t[0] for t in TABLE])
+def test_routing_table(name, new, cached, facts, config, expected):
+    p = plan(new, cached, facts, H100, config)
+    assert routes(p, len(new)) == expected
+
+
+def test_missing_kernels_route_with_kernel_unavailable():
+    no_kernels = Platform(varlen_kernel=False, splitkv_kernel=False)
+    p = plan([1, 500], [10, 0], LLAMA, no_kernels, DEFAULT)
+    assert routes(p, 2) == [("decode", "unified", "kernel_unavailable"), ("prefill", "unified", "kernel_unavailable")]
+
+
+def test_gather_bytes_are_exact():
+    # varlen requests: (300 new + 1200 cached) and (2048 + 0); K and V, 8 kv heads x 64 x bf16
+    p = plan([1, 2048, 300, 4], [900, 0, 1200, 100], GPT_OSS, H100, DEFAULT)
+    assert p.gather_tokens == 1500 + 2048
+    assert p.gather_bytes == (1500 + 2048) * 2 * 8 * 64 * 2
+    assert (p.decode_tokens, p.varlen_tokens, p.unified_tokens) == (1, 2348, 4)
+    fp8 = ModelFacts(64, 8, 64, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")
+    # the packed tensor holds dequantised (query dtype) values, whatever the cache stores
+    assert plan([100], [0], fp8, H100, DEFAULT).gather_bytes == 100 * 2 * 8 * 64 * 2
+
+
+def test_unified_requests_are_never_gathered():
+    p = plan([16, 2000], [5000, 0], LLAMA, H100, DEFAULT)
+    assert p.unified.tolist() == [0] and p.varlen.tolist() == [1]
+    assert p.gather_tokens == 2000
+
+
+@pytest.mark.parametrize(
+    "num_decodes,context,expected",
+    [
+        (1, 131072, 33),  # 264 target CTAs / 8 kv heads
+        (1, 1000, 3),  # at least 256 keys per split
+        (8, 32768, 5),
+        (64, 4096, 1),
+        (0, 0, 1),
+        (1, 10**7, 33),
+    ],
+)
+def test_decode_split_counts(num_decodes, context, expected):
+    p = plan([1] * num_decodes, [context - 1] * num_decodes, LLAMA, H100, DEFAULT)
+    assert p.num_splits == expected
+
+
+def test_window_limits_split_count():
+    windowed = ModelFacts(32, 8, 128, window=128, sink_tokens=4)
+    assert plan([1], [100000], windowed, H100, DEFAULT).num_splits == 1  # 132 visible keys
+    wide = ModelFacts(32, 8, 128, window=4096)
+    assert plan([1], [100000], wide, H100, DEFAULT).num_splits == 16
+
+
+def test_split_count_respects_cap():
+    p = plan([1], [10**6], LLAMA, Platform(num_sms=1000), PlannerConfig(max_splits=16))
+    assert p.num_splits == 16
+
+
+def test_env_overrides_and_bad_values():
+    c = PlannerConfig.from_env({"ATOM_FORCE_PATH": "Unified", "ATOM_DISABLE_VARLEN": "1", "ATOM_MAX_SPLITS": "8",
+                                "ATOM_DECODE_MAX_QUERY_TOKENS": "4", "ATOM_VARLEN_MIN_NEW_TOKENS": "32",
+                                "ATOM_MAX_GATHER_RATIO": "16", "ATOM_MIN_SPLIT_TOKENS": "512", "ATOM_TARGET_WAVES": "3"})
+    assert (c.force_path, c.disable_varlen, c.max_splits, c.decode_max_query_tokens) == ("unified", True, 8, 4)
+    assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.target_waves) == (32, 16, 512, 3)
+    assert PlannerConfig.from_env({}) == PlannerConfig()
+    with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
+        PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
+    with pytest.raises(PlanError, match="not an integer"):
+        PlannerConfig.from_env({"ATOM_MAX_SPLITS": "lots"})
+    with pytest.raises(PlanError, match="1..8"):
+        PlannerConfig(decode_max_query_tokens=9)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"head_dim": 512}, "head dim 512"),
+        ({"head_dim": 81}, "head dim 81"),
+        ({"num_q_heads": 6, "num_kv_heads": 4}, "multiple"),
+        ({"dtype": "fp64"}, "query dtype"),
+        ({"kv_dtype": "int4"}, "kv dtype"),
+        ({"kv_dtype": "fp8_e4m3"}, "needs a scale"),
+        ({"page_size": 2048}, "page size"),
+        ({"page_size": 0}, "page size"),
+    ],
+)
+def test_unservable_models_fail_at_plan_time(kwargs, match):
+    base = dict(num_q_heads=8, num_kv_heads=8, head_dim=64)
+    base.update(kwargs)
+    with pytest.raises(PlanError, match=match):
+        ModelFacts(**base)
+
+
+def test_bad_batches_fail_at_plan_time():
+    with pytest.raises(PlanError, match=">= 0"):
+        plan([5, -1], [0, 0], LLAMA, H100, DEFAULT)
+    with pytest.raises(PlanError, match="alike"):
+        plan([5, 1], [0], LLAMA, H100, DEFAULT)
+
+
+def test_empty_batch():
+    p = plan([], [], LLAMA, H100, DEFAULT)
+    assert len(p.decode) == len(p.varlen) == len(p.unified) == 0 and p.gather_bytes == 0 and p.num_splits == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reqs=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 100000)), max_size=64),
+    force=st.sampled_from(["", "varlen", "unified"]),
+    facts=st.sampled_from([GPT_OSS, LLAMA, ModelFacts(16, 2, 96)]),
+)
+def test_every_request_routed_once_and_deterministically(reqs, force, facts):
+    new = [r[0] for r in reqs]
+    cached = [r[1] for r in reqs]
+    config = PlannerConfig(force_path=force)
+    p = plan(new, cached, facts, H100, config)
+    parts = np.concatenate([p.decode, p.varlen, p.unified, p.empty])
+    assert sorted(parts.tolist()) == list(range(len(reqs)))
+    assert len(p.unified_reasons) == len(p.unified)
+    q = plan(np.array(new, dtype=np.int64), np.array(cached, dtype=np.int64), facts, H100, config)
+    assert routes(p, len(reqs)) == routes(q, len(reqs))
+    assert p.gather_bytes == sum(new[i] + cached[i] for i in p.varlen.tolist()) * facts.gathered_bytes_per_token
+    assert all(r != Reason.PREFERRED for r in p.unified_reasons)
+    if force == "unified":
+        assert len(p.varlen) == 0
+    assert p.decode_path in (Path.SPLITKV, Path.UNIFIED)
