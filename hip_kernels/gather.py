@@ -1,0 +1,234 @@
+"""Paged KV cache -> packed K/V for the varlen prefill path (kernel: src/gather.hip).
+
+``gather_kv(k_cache, v_cache, cu_seqlens_k, total_kv, block_table=... | kv_indptr=..., kv_page_indices=...)``
+returns ``(k, v)`` of shape ``[total_kv, num_kv_heads, head_dim]``: rows
+``cu_seqlens_k[i]:cu_seqlens_k[i+1]`` are key positions 0.. of request ``seq_ids[i]`` (default i).
+``total_kv`` is the host-known ``cu_seqlens_k[-1]`` (the planner's ``gather_tokens``): the grid is
+sized from it, so nothing reads device memory back. FP8 caches (e4m3, the platform's native
+flavour, or uint8 holding it) are dequantised to ``out_dtype`` (default bf16) with a per-tensor
+``k_scale``/``v_scale`` (float or 1-element fp32 tensor) or per-page ``k_descale``/``v_descale``
+``[num_blocks, num_kv_heads]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+from .runtime import Variant
+
+SOURCE = "gather.hip"
+KERNEL = "atom_gather_kv"
+THREADS = 256
+MAX_ROWS = 256
+_ITEMS_PER_BLOCK = 2048  # 16-byte chunks per block: 8 per thread, enough loads in flight
+
+_OUT = {torch.bfloat16: 1, torch.float16: 2}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.uint8)
+
+
+def variant(layout: str, fp8: bool, out_dtype: torch.dtype = torch.bfloat16, scale: str = "per_tensor") -> Variant:
+    """layout 'vllm' | 'sglang'; fp8 False -> 16-bit byte copy; scale 'per_tensor' | 'per_page'."""
+    d = {"GATHER_LAYOUT": {"vllm": 0, "sglang": 1}[layout], "GATHER_FP8": int(fp8)}
+    if fp8:
+        d["GATHER_OUT"] = _OUT[out_dtype]
+        d["GATHER_SCALE"] = {"per_tensor": 1, "per_page": 2}[scale]
+    return Variant(SOURCE, KERNEL, d)
+
+
+def variants() -> list[Variant]:
+    out = []
+    for layout in ("vllm", "sglang"):
+        out.append(variant(layout, False))
+        for od in _OUT:
+            for sc in ("per_tensor", "per_page"):
+                out.append(variant(layout, True, od, sc))
+    return out
+
+
+def _check_i32(name: str, t: torch.Tensor | None, dev: torch.device, ndim: int) -> None:
+    if t is None:
+        return
+    if t.dtype != torch.int32:
+        raise TypeError(f"gather_kv: {name} must be int32, got {t.dtype}")
+    if t.device != dev:
+        raise ValueError(f"gather_kv: {name} is on {t.device}, cache on {dev}")
+    if t.dim() != ndim:
+        raise ValueError(f"gather_kv: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"gather_kv: {name} must be contiguous in its last dim")
+
+
+def _scale_arg(name: str, s, dev):
+    """(pointer tensor or None, value) for a per-tensor scale given as float or tensor."""
+    if s is None:
+        return None, 1.0
+    if isinstance(s, torch.Tensor):
+        if s.numel() != 1 or s.dtype != torch.float32 or s.device != dev:
+            raise ValueError(f"gather_kv: {name} tensor must be one fp32 element on {dev}")
+        return s, 1.0
+    return None, float(s)
+
+
+def gather_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    total_kv: int,
+    *,
+    block_table: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_page_indices: torch.Tensor | None = None,
+    seq_ids: torch.Tensor | None = None,
+    k_scale=None,
+    v_scale=None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    k_out: torch.Tensor | None = None,
+    v_out: torch.Tensor | None = None,
+    check_pages: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed (k, v). check_pages=True also validates page ids on the device (syncs: debug only)."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"gather_kv: caches must both be [num_blocks, page_size, kv_heads, head_dim], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if v_cache.stride() != k_cache.stride() or v_cache.dtype != k_cache.dtype:
+        raise ValueError("gather_kv: k_cache and v_cache must share dtype and strides")
+    num_blocks, page_size, heads, dim = k_cache.shape
+    dev = k_cache.device
+    fp8 = k_cache.dtype in _FP8
+    if fp8:
+        out_dtype = out_dtype or torch.bfloat16
+        if out_dtype not in _OUT:
+            raise TypeError(f"gather_kv: fp8 dequantises to bf16 or fp16, not {out_dtype}")
+    else:
+        if k_cache.dtype not in _OUT:
+            raise TypeError(f"gather_kv: cache dtype {k_cache.dtype} unsupported (bf16, fp16, e4m3)")
+        if out_dtype not in (None, k_cache.dtype):
+            raise TypeError(f"gather_kv: a {k_cache.dtype} cache is copied as is; out_dtype {out_dtype} differs")
+        if any(x is not None for x in (k_scale, v_scale, k_descale, v_descale)):
+            raise ValueError("gather_kv: scales are only meaningful for an fp8 cache")
+        out_dtype = k_cache.dtype
+    esz = k_cache.element_size()
+    if k_cache.stride(3) != 1 or (dim * esz) % 16:
+        raise ValueError(f"gather_kv: head_dim must be contiguous and a multiple of 16 bytes ({dim} x {esz} B)")
+    for s in k_cache.stride()[:3]:
+        if (s * esz) % 16:
+            raise ValueError(f"gather_kv: cache strides {k_cache.stride()} are not multiples of 16 bytes")
+    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.data_ptr() % 16:
+            raise ValueError(f"gather_kv: {n} is not 16-byte aligned")
+
+    _check_i32("cu_seqlens_k", cu_seqlens_k, dev, 1)
+    _check_i32("seq_ids", seq_ids, dev, 1)
+    num_seqs = cu_seqlens_k.shape[0] - 1
+    if num_seqs < 0:
+        raise ValueError("gather_kv: cu_seqlens_k needs at least one element")
+    if seq_ids is not None and seq_ids.shape[0] != num_seqs:
+        raise ValueError(f"gather_kv: seq_ids has {seq_ids.shape[0]} entries, cu_seqlens_k names {num_seqs}")
+    if block_table is not None:
+        if kv_indptr is not None or kv_page_indices is not None:
+            raise ValueError("gather_kv: pass block_table (vLLM) or kv_indptr + kv_page_indices (SGLang), not both")
+        _check_i32("block_table", block_table, dev, 2)
+        layout, table, indptr, table_stride = "vllm", block_table, None, block_table.stride(0)
+    elif kv_indptr is not None and kv_page_indices is not None:
+        _check_i32("kv_indptr", kv_indptr, dev, 1)
+        _check_i32("kv_page_indices", kv_page_indices, dev, 1)
+        layout, table, indptr, table_stride = "sglang", kv_page_indices, kv_indptr, 0
+    else:
+        raise ValueError("gather_kv: need block_table, or kv_indptr and kv_page_indices")
+    if seq_ids is None and layout == "vllm" and block_table.shape[0] < num_seqs:
+        raise ValueError(f"gather_kv: block_table has {block_table.shape[0]} rows for {num_seqs} sequences")
+    total_kv = int(total_kv)
+    if total_kv < 0:
+        raise ValueError("gather_kv: total_kv must be >= 0")
+
+    scale = "per_tensor"
+    kptr = vptr = None
+    kval = vval = 1.0
+    if fp8:
+        if k_descale is not None or v_descale is not None:
+            if k_descale is None or v_descale is None or k_scale is not None or v_scale is not None:
+                raise ValueError("gather_kv: per-page scales need both k_descale and v_descale and no k/v_scale")
+            for n, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+                if t.shape != (num_blocks, heads) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
+                    raise ValueError(f"gather_kv: {n} must be contiguous fp32 [{num_blocks}, {heads}] on {dev}")
+            scale, kptr, vptr = "per_page", k_descale, v_descale
+        else:
+            kptr, kval = _scale_arg("k_scale", k_scale, dev)
+            vptr, vval = _scale_arg("v_scale", v_scale, dev)
+
+    if dev.type != "cuda":
+        raise ValueError(f"gather_kv: caches must be on a GPU, got {dev}")
+    if fp8:
+        arch = _arch(dev)
+        native = runtime.native_fp8_dtype(arch)
+        if k_cache.dtype not in (native, torch.uint8):
+            raise TypeError(f"gather_kv: {arch} converts {native} natively, cache is {k_cache.dtype}")
+    shape = (total_kv, heads, dim)
+    k_out = _out("k_out", k_out, shape, out_dtype, dev)
+    v_out = _out("v_out", v_out, shape, out_dtype, dev)
+    if check_pages:
+        _check_pages_on_device(layout, table, indptr, cu_seqlens_k, seq_ids, page_size, num_blocks, total_kv)
+    if total_kv == 0:
+        return k_out, v_out
+
+    cpr = heads * dim * esz // 16
+    rows = max(1, min(MAX_ROWS, _ITEMS_PER_BLOCK // cpr))
+    grid = (total_kv + rows - 1) // rows
+    kern = runtime.load(variant(layout, fp8, out_dtype, scale), dev)
+    kern(
+        grid, THREADS,
+        k_out, v_out, k_cache, v_cache, cu_seqlens_k, seq_ids, table, indptr,
+        kptr, vptr, kval, vval,
+        total_kv, num_seqs, table_stride, page_size,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        heads, dim, rows,
+    )
+    return k_out, v_out
+
+
+def _out(name, t, shape, dtype, dev):
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() or t.device != dev:
+        raise ValueError(f"gather_kv: {name} must be contiguous {dtype} {list(shape)} on {dev}, got "
+                         f"{t.dtype} {list(t.shape)} on {t.device}")
+    if t.data_ptr() % 16:
+        raise ValueError(f"gather_kv: {name} is not 16-byte aligned")
+    return t
+
+
+_arch_cache: dict[int, str] = {}
+
+
+def _arch(dev: torch.device) -> str:
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _arch_cache:
+        _arch_cache[idx] = runtime.device_arch(idx)
+    return _arch_cache[idx]
+
+
+def _check_pages_on_device(layout, table, indptr, cu, seq_ids, page_size, num_blocks, total_kv):
+    """Every page a gathered row touches lies in [0, num_blocks). Syncs with the host."""
+    cu_h = cu.cpu().tolist()
+    if cu_h[0] != 0 or any(b < a for a, b in zip(cu_h, cu_h[1:])) or cu_h[-1] != total_kv:
+        raise ValueError(f"gather_kv: cu_seqlens_k must start at 0, not decrease and end at total_kv={total_kv}")
+    ids = seq_ids.cpu().tolist() if seq_ids is not None else list(range(len(cu_h) - 1))
+    tab = table.cpu()
+    ptr = indptr.cpu().tolist() if indptr is not None else None
+    for i, b in enumerate(ids):
+        n = -(-(cu_h[i + 1] - cu_h[i]) // page_size)
+        if layout == "vllm":
+            if n > tab.shape[1]:
+                raise ValueError(f"gather_kv: request {b} needs {n} pages, block_table has {tab.shape[1]}")
+            pages = tab[b, :n]
+        else:
+            if ptr[b + 1] - ptr[b] < n:
+                raise ValueError(f"gather_kv: request {b} needs {n} pages, kv_indptr gives {ptr[b + 1] - ptr[b]}")
+            pages = tab[ptr[b] : ptr[b] + n]
+        if n and (pages.min() < 0 or pages.max() >= num_blocks):
+            raise ValueError(f"gather_kv: request {b} has page ids outside [0, {num_blocks})")

@@ -1,0 +1,159 @@
+// Paged KV cache -> packed K and V [total_kv, num_heads, head_dim] for the varlen path.
+//
+// Row r of the output belongs to packed sequence i with cu_seqlens_k[i] <= r < cu_seqlens_k[i+1]
+// and is key position t = r - cu_seqlens_k[i] of request b = seq_ids[i] (or i when seq_ids is
+// null). Its page comes from the vLLM block table (block_table[b, t / page_size]) or from the
+// SGLang page list (page_indices[indptr[b] + t / page_size]); slot t % page_size.
+//
+// Defines (the Python side lists every combination in hip_kernels.gather.variants()):
+//   GATHER_LAYOUT  0: vLLM block table, 1: SGLang indptr / page indices
+//   GATHER_FP8     0: 16-bit cache copied as bytes, 1: e4m3 cache dequantised
+//   GATHER_OUT     output dtype of the fp8 path: 1 bf16, 2 fp16
+//   GATHER_SCALE   fp8 only: 1 per-tensor scalar, 2 per-page-per-head descale [num_blocks, H]
+//
+// Work split: a block owns `rows` consecutive output rows. It first resolves each row's page
+// once into shared memory (the lookups are the only dependent loads), then streams 16-byte
+// chunks of K and V with several loads in flight per thread before any store. Grid size comes
+// from the host-known total_kv: no device-to-host sync anywhere.
+#include "atom_device.h"
+
+#ifndef GATHER_LAYOUT
+#define GATHER_LAYOUT 0
+#endif
+#ifndef GATHER_FP8
+#define GATHER_FP8 0
+#endif
+#ifndef GATHER_OUT
+#define GATHER_OUT 1
+#endif
+#ifndef GATHER_SCALE
+#define GATHER_SCALE 1
+#endif
+
+#define GATHER_THREADS 256
+#define GATHER_MAX_ROWS 256
+#define GATHER_UNROLL 4
+
+using namespace atom;
+
+#if GATHER_FP8
+#if GATHER_OUT == 1
+typedef bf16_t out_t;
+#else
+typedef f16_t out_t;
+#endif
+// 16 fp8 values * scale -> 16 outputs (32 bytes, two 16-byte stores).
+ATOM_DEV void dequant16(const u32x4& in, float s, u32x4& lo, u32x4& hi) {
+  float f[16];
+  fp8x4_to_f32x4(in.x, f + 0);
+  fp8x4_to_f32x4(in.y, f + 4);
+  fp8x4_to_f32x4(in.z, f + 8);
+  fp8x4_to_f32x4(in.w, f + 12);
+  out_t o;
+  lo.x = pack2(o, f[0] * s, f[1] * s);
+  lo.y = pack2(o, f[2] * s, f[3] * s);
+  lo.z = pack2(o, f[4] * s, f[5] * s);
+  lo.w = pack2(o, f[6] * s, f[7] * s);
+  hi.x = pack2(o, f[8] * s, f[9] * s);
+  hi.y = pack2(o, f[10] * s, f[11] * s);
+  hi.z = pack2(o, f[12] * s, f[13] * s);
+  hi.w = pack2(o, f[14] * s, f[15] * s);
+}
+#define IN_BYTES 1
+#define OUT_BYTES 2
+#else
+#define IN_BYTES 2
+#define OUT_BYTES 2
+#endif
+
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
+    u8* __restrict__ k_out, u8* __restrict__ v_out,                // [total_kv, H, D], contiguous
+    const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,  // [num_blocks, page, H, D], strided
+    const i32* __restrict__ cu_seqlens_k,                          // [num_seqs + 1]
+    const i32* __restrict__ seq_ids,                               // [num_seqs] or null
+    const i32* __restrict__ table,                                 // block_table / page_indices
+    const i32* __restrict__ indptr,                                // SGLang kv_indptr (vLLM: null)
+    const float* __restrict__ k_scale_ptr, const float* __restrict__ v_scale_ptr,
+    float k_scale_val, float v_scale_val,
+    i64 total_kv, i64 num_seqs, i64 table_stride, i64 page_size,
+    i64 page_stride, i64 slot_stride, i64 head_stride,  // cache strides, elements
+    i64 num_heads, i64 head_dim, i64 rows_per_block) {
+  __shared__ i64 s_off[GATHER_MAX_ROWS];  // element offset of the row's (page, slot)
+#if GATHER_FP8 && GATHER_SCALE == 2
+  __shared__ i32 s_page[GATHER_MAX_ROWS];
+#endif
+  const i64 row0 = (i64)bid_x() * rows_per_block;
+  const i32 rows = (i32)(total_kv - row0 < rows_per_block ? total_kv - row0 : rows_per_block);
+
+  for (i32 r = (i32)tid_x(); r < rows; r += GATHER_THREADS) {
+    const i64 row = row0 + r;
+    const i32 i = find_seq(cu_seqlens_k, (i32)num_seqs, row);
+    const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
+    const i64 t = row - cu_seqlens_k[i];
+    const i64 lp = t / page_size;
+#if GATHER_LAYOUT == 0
+    const i64 page = table[b * table_stride + lp];
+#else
+    const i64 page = table[(i64)indptr[b] + lp];
+#endif
+    s_off[r] = page_offset(page, t - lp * page_size, 0, page_stride, slot_stride, 0);
+#if GATHER_FP8 && GATHER_SCALE == 2
+    s_page[r] = (i32)page;
+#endif
+  }
+  sync_block();
+
+  // A chunk is 16 input bytes; a row has num_heads * cph chunks.
+  const u32 cph = (u32)(head_dim * IN_BYTES / 16);
+  const u32 cpr = (u32)num_heads * cph;
+  const u32 items = (u32)rows * cpr;
+#if GATHER_FP8 && GATHER_SCALE == 1
+  const float ks = k_scale_ptr ? *k_scale_ptr : k_scale_val;
+  const float vs = v_scale_ptr ? *v_scale_ptr : v_scale_val;
+#endif
+
+  for (u32 base = tid_x(); base < items; base += GATHER_THREADS * GATHER_UNROLL) {
+    u32x4 kin[GATHER_UNROLL], vin[GATHER_UNROLL];
+    i64 dst[GATHER_UNROLL];
+#if GATHER_FP8 && GATHER_SCALE == 2
+    i64 sidx[GATHER_UNROLL];
+#endif
+#pragma unroll
+    for (int u = 0; u < GATHER_UNROLL; ++u) {
+      const u32 it = base + u * GATHER_THREADS;
+      if (it < items) {
+        const u32 r = it / cpr, c = it - r * cpr;
+        const u32 h = c / cph, cc = c - h * cph;
+        const i64 src = (s_off[r] + (i64)h * head_stride) * IN_BYTES + (i64)cc * 16;
+        kin[u] = load16_stream(k_cache + src);
+        vin[u] = load16_stream(v_cache + src);
+        dst[u] = (((row0 + r) * num_heads + h) * head_dim) * OUT_BYTES + (i64)cc * 16 * (OUT_BYTES / IN_BYTES);
+#if GATHER_FP8 && GATHER_SCALE == 2
+        sidx[u] = (i64)s_page[r] * num_heads + h;
+#endif
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < GATHER_UNROLL; ++u) {
+      const u32 it = base + u * GATHER_THREADS;
+      if (it < items) {
+#if GATHER_FP8
+#if GATHER_SCALE == 2
+        const float ks = k_scale_ptr[sidx[u]];
+        const float vs = v_scale_ptr[sidx[u]];
+#endif
+        u32x4 lo, hi;
+        dequant16(kin[u], ks, lo, hi);
+        store16_stream(k_out + dst[u], lo);
+        store16_stream(k_out + dst[u] + 16, hi);
+        dequant16(vin[u], vs, lo, hi);
+        store16_stream(v_out + dst[u], lo);
+        store16_stream(v_out + dst[u] + 16, hi);
+#else
+        store16_stream(k_out + dst[u], kin[u]);
+        store16_stream(v_out + dst[u], vin[u]);
+#endif
+      }
+    }
+  }
+}
