@@ -1,0 +1,218 @@
+"""`python -m bench.decode`: split-KV decode, KV bytes read per second against the measured copy
+bandwidth and against peers on the same shapes, in one process (DESIGN.md "Performance accounting").
+
+Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64 x 4k,
+8 x 32k, 1 x 128k context; and the same with an FP8 e4m3 cache (per-tensor and per-page scales).
+Peers: torch SDPA decode on dense KV (cuDNN and flash backends) and the Triton unified decode
+(`atom_backend.unified.paged_decode`) when it exists. Splits: the planner's choice, plus a sweep
+(`--sweep`) to check the planner's rule. Every KV set is far larger than L2 (>= 512 MiB), so no
+rotation is needed; timings are medians of triton.testing.do_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+
+import torch
+
+from atom_backend.planner import ModelFacts, PlannerConfig, Platform, decode_splits
+from hip_kernels import decode
+
+HQ, HK, D, BS = 32, 8, 128, 16
+SHAPES = ((64, 4096), (8, 32768), (1, 131072))
+
+
+def bench_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    a.random_(0, 255)
+    b = torch.empty_like(a)
+    ms = bench_ms(lambda: b.copy_(a))
+    del a, b
+    return 2 * n / (ms * 1e-3)
+
+
+def build(batch: int, ctx: int, kv: str, seed: int = 0):
+    """Paged cache with pages in random order; q random; FP8 values spread over e4m3's range."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    npages = -(-ctx // BS)
+    nb = batch * npages + 16
+    kv_dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+    k = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
+    v = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
+    perm = list(range(nb))
+    random.Random(seed).shuffle(perm)
+    bt = torch.tensor(perm[: batch * npages], dtype=torch.int32, device="cuda").view(batch, npages)
+    q = torch.randn((batch, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    sl = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    scales = {}
+    if kv == "fp8_tensor":
+        scales = dict(k_scale=0.5, v_scale=0.5)
+    elif kv == "fp8_page":
+        scales = dict(k_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5,
+                      v_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5)
+    return dict(q=q, k=k, v=v, bt=bt, cu=cu, sl=sl, scales=scales)
+
+
+def kv_bytes(batch: int, ctx: int, elem: int) -> int:
+    return 2 * batch * ctx * HK * D * elem + 2 * batch * HQ * D * 2  # K + V, plus q and out
+
+
+def run_ours(c, splits, tune=None, with_combine=True):
+    ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
+    out = torch.empty_like(c["q"])
+
+    def fn():
+        if with_combine:
+            decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
+                                  num_splits=splits, out=out, workspace=ws, **c["scales"])
+        else:
+            decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
+                                    num_splits=splits, workspace=ws, _tune=tune, **c["scales"])
+
+    return fn
+
+
+def sdpa_fns(batch: int, ctx: int):
+    """SDPA decode on dense bf16 KV of the same shape: {backend name: fn} for those that run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn((batch, HQ, 1, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((batch, HK, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn((batch, HK, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    fns = {}
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        for gqa_mode in ("enable_gqa", "expanded"):
+            if gqa_mode == "enable_gqa":
+                kk, vv, kw = k, v, {"enable_gqa": True}
+            else:  # reads 4x the bytes: reported only if the GQA form does not run
+                kk = k.repeat_interleave(HQ // HK, dim=1)
+                vv = v.repeat_interleave(HQ // HK, dim=1)
+                kw = {}
+
+            def fn(kk=kk, vv=vv, kw=kw, be=be):
+                with sdpa_kernel([be]):
+                    return sdpa(q, kk, vv, **kw)
+
+            try:
+                fn()
+                torch.cuda.synchronize()
+                fns[name if gqa_mode == "enable_gqa" else name + "_expanded"] = fn
+                break
+            except Exception as e:  # backend unavailable for this shape
+                print(f"# {name} ({gqa_mode}) unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    return fns
+
+
+def triton_fn(c):
+    try:
+        from atom_backend import unified
+    except ImportError:
+        return None
+    if not hasattr(unified, "paged_decode"):
+        return None
+    try:
+        out = torch.empty_like(c["q"])
+
+        def fn():
+            return unified.paged_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], out=out, **c["scales"])
+
+        fn()
+        torch.cuda.synchronize()
+        return fn
+    except Exception as e:
+        print(f"# triton unified decode failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return None
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true", help="also time a range of split counts")
+    ap.add_argument("--tune", action="store_true", help="also time UNROLL / KV_LOAD_BYTES alternatives")
+    ap.add_argument("--json", default="", help="write all rows to this file")
+    args = ap.parse_args(argv)
+
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    bw = copy_bandwidth()
+    print(f"# device {props.name}, {sms} SMs; copy bandwidth (read + write) {bw / 1e9:.0f} GB/s")
+    platform = Platform(vendor="nvidia", arch="sm_90", num_sms=sms)
+    cfg = PlannerConfig()
+    rows = []
+
+    def record(kind, shape, kv, splits, ms, nbytes, extra=""):
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        r = dict(kind=kind, batch=shape[0], ctx=shape[1], kv=kv, splits=splits, ms=ms, gbs=gbs,
+                 frac_copy=gbs * 1e9 / bw, extra=extra)
+        rows.append(r)
+        print(f"{kind:22s} {shape[0]:3d}x{shape[1]:<6d} {kv:10s} splits={splits:<3d} {ms * 1e3:9.1f} us "
+              f"{gbs:7.0f} GB/s {100 * r['frac_copy']:5.1f}% copy {extra}", flush=True)
+        return r
+
+    summary = []
+    for shape in SHAPES:
+        b, ctx = shape
+        facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS)
+        planned = decode_splits(b, ctx, facts, platform, cfg)
+        peers = {}
+        for name, fn in sdpa_fns(b, ctx).items():
+            peers[name] = record(name, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, ctx, 2))
+        torch.cuda.empty_cache()
+        ours = {}
+        for kv in ("bf16", "fp8_tensor", "fp8_page"):
+            c = build(b, ctx, kv)
+            elem = 2 if kv == "bf16" else 1
+            nbytes = kv_bytes(b, ctx, elem)
+            if kv == "fp8_page":
+                nbytes += 2 * b * -(-ctx // BS) * HK * 4
+            ours[kv] = record("ours", shape, kv, planned, bench_ms(run_ours(c, planned)), nbytes, "planned")
+            if args.sweep:
+                for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+                    if s != planned and b * HK * s <= 16 * sms * 8:
+                        record("ours_sweep", shape, kv, s, bench_ms(run_ours(c, s)), nbytes)
+            if args.tune:
+                tunes = [{"UNROLL": 2}, {"UNROLL": 4}] if kv == "bf16" else [{"UNROLL": 1}, {"KV_LOAD_BYTES": 8}, {"KV_LOAD_BYTES": 8, "UNROLL": 2}]
+                for t in tunes:
+                    record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, tune=t, with_combine=False)),
+                           nbytes, json.dumps(t))
+                record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)), nbytes, "default")
+            if kv == "bf16":
+                tf = triton_fn(c)
+                if tf is not None:
+                    peers["triton_unified"] = record("triton_unified", shape, kv, 0, bench_ms(tf), nbytes)
+            del c
+            torch.cuda.empty_cache()
+        summary.append((shape, planned, ours, peers))
+
+    print("\n# summary (time ratios: peer time / our time; fp8 speed-up: bf16 time / fp8 time)")
+    print(f"{'shape':>12} {'splits':>6} {'bf16 us':>8} {'%copy':>6} {'fp8 us':>8} {'fp8 x':>6} {'fp8pg x':>7} "
+          + " ".join(f"{n:>20}" for n in ("vs sdpa_cudnn", "vs sdpa_flash", "vs triton_unified")))
+    for shape, planned, ours, peers in summary:
+        bf = ours["bf16"]["ms"]
+        ratio = []
+        for n in ("sdpa_cudnn", "sdpa_flash", "triton_unified"):
+            key = n if n in peers else (n + "_expanded" if n + "_expanded" in peers else None)
+            ratio.append(f"{peers[key]['ms'] / bf:6.2f}x{'(exp)' if key and key.endswith('expanded') else ''}" if key else "-")
+        print(f"{shape[0]:>4}x{shape[1]:<7} {planned:>6} {bf * 1e3:8.1f} {100 * ours['bf16']['frac_copy']:6.1f} "
+              f"{ours['fp8_tensor']['ms'] * 1e3:8.1f} {bf / ours['fp8_tensor']['ms']:6.2f} {bf / ours['fp8_page']['ms']:7.2f} "
+              + " ".join(f"{r:>20}" for r in ratio))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Split-KV decode over the paged KV cache (kernel: src/decode.hip), torch-facing.
+
+`splitkv_decode(...)` runs one launch of the split kernel, grid (kv heads x row blocks, requests,
+splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combine` merges the
+splits and applies the per-head sinks once. No host synchronisation: every check here reads
+shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph capturable when the
+caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks it).
+
+Semantics follow DESIGN.md: query i of a request with sq new tokens and sk keys sits at
+sk - sq + i; sliding window W keeps keys j > p - W, StreamingLLM sink tokens j < S stay visible;
+soft-cap, FP8 e4m3 KV with a per-tensor scale or a per-page-per-head descale [num_blocks, hk].
+Page of key j: block_table[b, j // block_size] (vLLM) or
+kv_page_indices[kv_indptr[b] + j // block_size] (SGLang).
+
+Split s of a request covers keys [lo + s*per, lo + (s+1)*per) of its visible range [lo, sk), where
+lo is the first key the window lets the first query token see (0 without a window) and
+per = ceil((sk - lo) / num_splits); split 0 also takes the StreamingLLM sink tokens below lo.
+Without a window this is `reference.split_ranges`. Empty splits write lse = -inf, o = 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SOURCE = "decode.hip"
+KERNEL = "splitkv_decode"
+NUM_THREADS = 128
+HEAD_DIMS = (64, 128, 256)
+MAX_QUERY_TOKENS = 8  # speculative decoding: 1..8 new tokens per request
+_ROWS = (1, 2, 4, 8)
+_LOG2E = 1.4426950408889634
+
+_Q_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+# KV_DTYPE define: 0 bf16, 1 fp16, 2 e4m3fn, 3 e4m3fnuz
+_KV_CODES = {torch.bfloat16: 0, torch.float16: 1}
+for _name, _code in (("float8_e4m3fn", 2), ("float8_e4m3fnuz", 3)):
+    if hasattr(torch, _name):
+        _KV_CODES[getattr(torch, _name)] = _code
+# The kernel decodes KV by shifting bits into fp32 fields; this power of two undoes it.
+_FMT_FACTOR = {0: 1.0, 1: 2.0**112, 2: 2.0**120, 3: 2.0**119}
+
+
+def _rows_max(kv_code: int) -> int:
+    """Rows per CTA the registers hold: q and the accumulator take rows x 16 bytes of KV each."""
+    return 8 if kv_code < 2 else 4
+
+
+def _variant(head_dim: int, rows: int, q_code: int, kv_code: int):
+    from hip_kernels.runtime import Variant
+
+    defines = {"HEAD_DIM": head_dim, "ROWS": rows, "Q_DTYPE": q_code, "KV_DTYPE": kv_code, "NUM_THREADS": NUM_THREADS}
+    return Variant(SOURCE, KERNEL, defines)
+
+
+def variants() -> list:
+    """Every variant splitkv_decode can request (CI compiles them all for every arch)."""
+    out = []
+    for d in HEAD_DIMS:
+        for q_code in (0, 1):
+            for kv_code in (q_code, 2, 3):
+                for rows in _ROWS:
+                    if rows <= _rows_max(kv_code):
+                        out.append(_variant(d, rows, q_code, kv_code))
+    return out
+
+
+def _pick_rows(rows_needed: int, kv_code: int) -> tuple[int, int]:
+    """(rows per CTA, row blocks): the smallest variant holding every row, else row blocks."""
+    cap = _rows_max(kv_code)
+    for r in _ROWS:
+        if r >= rows_needed or r == cap:
+            return r, -(-rows_needed // r)
+    raise AssertionError("unreachable")
+
+
+def _div_magic(d: int) -> tuple[int, int]:
+    """(magic, shift) with n // d == (umulhi(n, magic) + n) >> shift for 0 <= n < 2**31."""
+    shift = (d - 1).bit_length()  # ceil(log2 d)
+    magic = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return magic & 0xFFFFFFFF, shift
+
+
+def _as_float(name: str, x) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.device.type != "cpu":
+            raise ValueError(
+                f"{name} must be a Python float (or a one-element CPU tensor): reading a device "
+                "tensor would synchronise the host (pass layer._k_scale_float / _v_scale_float)"
+            )
+        return float(x.item())
+    return float(x)
+
+
+def _check_int32(name: str, t: torch.Tensor, ndim: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q is on {device}")
+
+
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}")
+    es = t.element_size()
+    if any((st * es) % 16 for st in t.stride()[:-1]) or t.data_ptr() % 16:
+        raise ValueError(f"{name}: the kernel reads 16-byte vectors; strides {t.stride()} x {es} bytes and the data pointer must be multiples of 16")
+
+
+def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
+              max_query_len, num_splits, window, sink_tokens, softcap, sinks,
+              k_scale, v_scale, k_descale, v_descale):
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be [total_q, num_q_heads, head_dim], got {getattr(q, 'shape', q)}")
+    if q.dtype not in _Q_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is unsupported (bfloat16 or float16)")
+    total_q, hq, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d} is unsupported by the decode kernel ({HEAD_DIMS})")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim]")
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} {v_cache.dtype} differ")
+    num_blocks, block_size, hk, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"cache head_dim {dk} != q head_dim {d}")
+    if hk <= 0 or hq % hk:
+        raise ValueError(f"num_q_heads={hq} is not a multiple of num_kv_heads={hk}")
+    if num_blocks <= 0 or not 1 <= block_size < 2**31 // 2:
+        raise ValueError(f"cache of {num_blocks} blocks of {block_size} tokens")
+    kv_code = _KV_CODES.get(k_cache.dtype)
+    if kv_code is None:
+        raise ValueError(f"KV dtype {k_cache.dtype} is unsupported (bf16, fp16, float8_e4m3fn, float8_e4m3fnuz)")
+    if kv_code < 2 and k_cache.dtype != q.dtype:
+        raise ValueError(f"16-bit KV must match q's dtype: KV {k_cache.dtype}, q {q.dtype}")
+    per_tensor = k_scale is not None or v_scale is not None
+    per_page = k_descale is not None or v_descale is not None
+    if kv_code >= 2:
+        if per_tensor == per_page:
+            raise ValueError("an FP8 KV cache needs exactly one scale mode: k_scale and v_scale, or k_descale and v_descale")
+        if per_tensor and (k_scale is None or v_scale is None):
+            raise ValueError("give both k_scale and v_scale")
+        if per_page:
+            if k_descale is None or v_descale is None:
+                raise ValueError("give both k_descale and v_descale")
+            for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+                if t.dtype != torch.float32 or tuple(t.shape) != (num_blocks, hk) or not t.is_contiguous():
+                    raise ValueError(f"{name} must be contiguous float32 [num_blocks={num_blocks}, num_kv_heads={hk}], got {t.dtype} {tuple(t.shape)}")
+                if t.device != q.device:
+                    raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+    elif per_tensor or per_page:
+        raise ValueError(f"KV scales only apply to an FP8 cache, the cache is {k_cache.dtype}")
+    if not isinstance(max_query_len, int) or not 1 <= max_query_len <= MAX_QUERY_TOKENS:
+        raise ValueError(f"max_query_len must be an int in 1..{MAX_QUERY_TOKENS}, got {max_query_len!r}")
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= 65535:
+        raise ValueError(f"num_splits must be an int in 1..65535, got {num_splits!r}")
+    if window < 0 or sink_tokens < 0 or softcap < 0:
+        raise ValueError(f"window={window}, sink_tokens={sink_tokens}, softcap={softcap} must be >= 0")
+    if (block_table is None) == (kv_indptr is None):
+        raise ValueError("give exactly one page table: block_table (vLLM) or kv_indptr + kv_page_indices (SGLang)")
+    _check_int32("cu_seqlens_q", cu_seqlens_q, 1, q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch < 0:
+        raise ValueError("cu_seqlens_q needs batch + 1 entries")
+    _check_int32("seq_lens", seq_lens, 1, q.device)
+    if seq_lens.shape[0] != batch:
+        raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries, cu_seqlens_q describes {batch} requests")
+    if block_table is not None:
+        _check_int32("block_table", block_table, 2, q.device)
+        if block_table.shape[0] < batch or block_table.shape[1] < 1 or block_table.stride(1) != 1:
+            raise ValueError(f"block_table must be [>= batch={batch}, >= 1] with contiguous rows, got {tuple(block_table.shape)} strides {block_table.stride()}")
+    else:
+        if kv_page_indices is None:
+            raise ValueError("kv_indptr needs kv_page_indices")
+        _check_int32("kv_indptr", kv_indptr, 1, q.device)
+        _check_int32("kv_page_indices", kv_page_indices, 1, q.device)
+        if kv_indptr.shape[0] != batch + 1:
+            raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, expected batch + 1 = {batch + 1}")
+        if kv_page_indices.stride(0) != 1 and kv_page_indices.numel() > 1:
+            raise ValueError("kv_page_indices must be contiguous")
+    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (hq,)):
+        raise ValueError(f"sinks must be float32 [num_q_heads={hq}], got {sinks.dtype} {tuple(sinks.shape)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_aligned(name, t)
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+    return batch, total_q, hq, hk, d, num_blocks, block_size, kv_code
+
+
+def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: int) -> int:
+    """float32 elements of the workspace: o_partial [S, T, H, D] then lse_partial [S, T, H]."""
+    return num_splits * total_q * num_q_heads * (head_dim + 1)
+
+
+def splitkv_partials(
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
+    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, _tune=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks."""
+    batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = _validate(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
+        max_query_len, num_splits, window, sink_tokens, softcap, None, k_scale, v_scale, k_descale, v_descale)
+    fmt = _FMT_FACTOR[kv_code]
+    if k_scale is not None:
+        kf, vf = _as_float("k_scale", k_scale) * fmt, _as_float("v_scale", v_scale) * fmt
+    else:
+        kf = vf = fmt
+    need = workspace_elems(num_splits, total_q, hq, d)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    elif workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need or workspace.device != q.device:
+        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with >= {need} elements (workspace_elems)")
+    if q.device.type != "cuda":
+        raise ValueError(f"the decode kernel runs on a GPU; q is on {q.device}")
+    flat = workspace.view(-1)
+    n_o = num_splits * total_q * hq * d
+    o_part = flat[:n_o].view(num_splits, total_q, hq, d)
+    lse_part = flat[n_o:n_o + num_splits * total_q * hq].view(num_splits, total_q, hq)
+    if batch == 0 or total_q == 0:
+        return o_part, lse_part
+
+    group = hq // hk
+    rows, row_blocks = _pick_rows(max_query_len * group, kv_code)
+    defines_variant = _variant(d, rows, _Q_DTYPES[q.dtype], kv_code)
+    if _tune:  # benchmarking knob: extra defines (UNROLL, KV_LOAD_BYTES)
+        defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    softcap = float(softcap)
+    magic, shift = _div_magic(block_size)
+    kes, ves = k_cache.element_size(), v_cache.element_size()
+    args = [
+        q, q.stride(0), q.stride(1),
+        k_cache, v_cache,
+        k_cache.stride(0) * kes, k_cache.stride(1) * kes, k_cache.stride(2) * kes,
+        v_cache.stride(0) * ves, v_cache.stride(1) * ves, v_cache.stride(2) * ves, num_blocks,
+        cu_seqlens_q, seq_lens,
+        block_table,
+        block_table.stride(0) if block_table is not None else 0,
+        block_table.shape[1] if block_table is not None else 0,
+        kv_indptr, kv_page_indices if kv_indptr is not None else None,
+        k_descale, v_descale,
+        kf, vf, fmt,
+        o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift,
+        scale * (_LOG2E if softcap == 0 else 1.0),
+        softcap * _LOG2E, (1.0 / softcap) if softcap > 0 else 0.0,
+        int(window), int(sink_tokens),
+    ]
+    _launch(defines_variant, (hk * row_blocks, batch, num_splits), (NUM_THREADS, 1, 1), args)
+    return o_part, lse_part
+
+
+def _launch(variant, grid, block, args) -> None:
+    from hip_kernels import runtime
+
+    # Python ints travel as 8-byte slots whose low half is the value: right for int and long long.
+    runtime.load(variant)(grid, block, *args)
+
+
+def splitkv_decode(
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
+    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
+) -> torch.Tensor:
+    """Decode attention of 1..max_query_len new tokens per request over the paged cache.
+
+    Returns `out` [total_q, num_q_heads, head_dim] in q's dtype (allocated when None); `lse_out`
+    [total_q, num_q_heads] float32, when given, receives the log-sum-exp without the sinks.
+    Rows of q past cu_seqlens_q[-1] (graph padding) are left as the combine leaves them.
+    """
+    if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 3:
+        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],):
+            raise ValueError(f"sinks must be float32 [num_q_heads={q.shape[1]}], got {sinks.dtype} {tuple(sinks.shape)}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
+    if lse_out is not None and (tuple(lse_out.shape) != tuple(q.shape[:2]) or lse_out.dtype != torch.float32):
+        raise ValueError(f"lse_out must be float32 {tuple(q.shape[:2])}, got {lse_out.dtype} {tuple(lse_out.shape)}")
+    o_part, lse_part = splitkv_partials(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
+        kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
+        window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+        k_descale=k_descale, v_descale=v_descale, workspace=workspace)
+    if out is None:
+        out = torch.empty_like(q)
+    if q.shape[0] == 0:
+        return out
+    from hip_kernels.combine import combine
+
+    combine(o_part, lse_part, out, lse_out=lse_out, sinks=sinks)
+    return out
+
