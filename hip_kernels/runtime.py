@@ -49,6 +49,7 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -214,7 +215,7 @@ class _Nvrtc(_Toolchain):
 
     def __init__(self):
         try:
-            from cuda.bindings import nvrtc
+            nvrtc = importlib.import_module("cuda.bindings.nvrtc")
         except ImportError as e:
             raise ToolchainMissingError(
                 "NVRTC is not available (cuda-bindings / nvidia-cuda-nvrtc missing): "
@@ -326,7 +327,7 @@ class _Hiprtc(_Toolchain):
 
     def __init__(self):
         try:
-            from hip import hiprtc
+            hiprtc = importlib.import_module("hip.hiprtc")
         except Exception as e:
             raise ToolchainMissingError(
                 "hiprtc is not available: pip install atom-backend[rocm] (needs a ROCm install)"
