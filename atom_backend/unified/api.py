@@ -154,10 +154,7 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
                f"block table too short: {max_seqlen_k} tokens need {need} blocks of {page_size}, table has {block_table.shape[1]}")
 
     interpret = _interpreting()
-    if dev.type == "cpu":
-        _check(interpret, "CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
-    else:
-        _check(dev.type == "cuda", f"unsupported device {dev} (CUDA or ROCm GPUs, or CPU under TRITON_INTERPRET=1)")
+    _check(dev.type in ("cpu", "cuda"), f"unsupported device {dev} (CUDA or ROCm GPUs, or CPU under TRITON_INTERPRET=1)")
     group = hq // hk
     head_pad = max(16, _next_pow2(d))
     cfg = config or default_config(head_pad, group, max_seqlen_q, interpret, kv_fp8)
@@ -194,6 +191,11 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
                    grid_tiles=total_q // block_q + batch, grid_heads=hk * (-(-group // hg)), interpret=interpret)
 
 
+def _check_runnable(L, q):
+    _check(q.device.type != "cpu" or L.interpret,
+           "CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+
+
 def _check_out(out, q, what="out"):
     _check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device,
            f"{what} must match q: {q.dtype} {tuple(q.shape)} on {q.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
@@ -220,6 +222,7 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *,
         out = torch.empty_like(q)
     else:
         _check_out(out, q)
+    _check_runnable(L, q)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device) if return_lse else None
     if q.shape[0] and seq_lens.shape[0]:
         L.kern.unified_attn_kernel[(L.grid_tiles, L.grid_heads)](
@@ -276,6 +279,7 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
         out = torch.empty_like(q)
     else:
         _check_out(out, q)
+    _check_runnable(L, q)
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device) if return_lse else None
     if total_q and seq_lens.shape[0]:
         L.kern.unified_attn_kernel[(L.grid_tiles, L.grid_heads, num_splits)](
