@@ -176,7 +176,7 @@ def gather_kv(
     if total_kv == 0:
         return k_out, v_out
 
-    cpr = heads * dim * esz // 16
+    cpr = heads * dim * esz // (8 if fp8 else 16)  # work items per row (gather.hip IN_CHUNK)
     rows = max(1, min(MAX_ROWS, _ITEMS_PER_BLOCK // cpr))
     grid = (total_kv + rows - 1) // rows
     kern = runtime.load(variant(layout, fp8, out_dtype, scale), dev)

@@ -227,6 +227,15 @@ ATOM_DEV u32x4 load16_stream(const void* p) {
                __builtin_nontemporal_load(&q->z), __builtin_nontemporal_load(&q->w)};
 #endif
 }
+ATOM_DEV u32x2 load8_stream(const void* p) {
+#if ATOM_NVIDIA
+  uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+  return u32x2{v.x, v.y};
+#else
+  const u32x2* q = reinterpret_cast<const u32x2*>(p);
+  return u32x2{__builtin_nontemporal_load(&q->x), __builtin_nontemporal_load(&q->y)};
+#endif
+}
 ATOM_DEV void store16_stream(void* p, const u32x4& v) {
 #if ATOM_NVIDIA
   __stcs(reinterpret_cast<uint4*>(p), make_uint4(v.x, v.y, v.z, v.w));

@@ -1,0 +1,1 @@
+"""Benchmarks (`python -m bench.<name>`); shared helpers live in bench.common."""

@@ -1,0 +1,52 @@
+"""Shared benchmark helpers: median timing and the device's measured copy bandwidth.
+
+DESIGN.md "Performance accounting": report bytes moved over time and the fraction of the
+copy bandwidth measured on the same GPU, in the same process.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def bench_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median time of fn() in milliseconds (device events; triton's do_bench when present)."""
+    try:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    except ImportError:
+        pass
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    n = max(5, int(rep_ms / one))
+    times = []
+    for _ in range(n):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+@functools.lru_cache(maxsize=None)
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, device: int = 0) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), far above L2 size."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
