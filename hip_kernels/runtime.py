@@ -345,7 +345,10 @@ class _Hiprtc(_Toolchain):
     def compile(self, variant, arch, src, defines):
         rtc = self.hiprtc
         ok = rtc.hiprtcResult.HIPRTC_SUCCESS
-        err, prog = rtc.hiprtcCreateProgram(src.encode(), variant.path.name.encode(), 0, [], [])
+        # Headers go in by content as well as by -I: older hiprtc only sees headers it is given.
+        hdrs = [p for p in _header_files() if p.parent == INCLUDE_DIR]
+        err, prog = rtc.hiprtcCreateProgram(src.encode(), variant.path.name.encode(), len(hdrs),
+                                            [p.read_bytes() for p in hdrs], [p.name.encode() for p in hdrs])
         if err != ok:
             raise KernelError(f"hiprtcCreateProgram({variant.name}): {err}")
         try:
@@ -362,7 +365,7 @@ class _Hiprtc(_Toolchain):
             rtc.hiprtcGetCode(prog, code)
             return bytes(code), text
         finally:
-            rtc.hiprtcDestroyProgram(prog)
+            rtc.hiprtcDestroyProgram(prog.createRef() if hasattr(prog, "createRef") else prog)
 
 
 _toolchains: dict[str, _Toolchain] = {}

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import importlib
 import shutil
 
 import pytest
 
-from hip_kernels import runtime
+from hip_kernels import runtime, variants as all_variants
 
-KERNEL_MODULES = ["gather", "combine", "prefill", "decode"]
 # Kernels of this helper must not spill; other modules' spills are reported, not failed here.
 NO_SPILL = {"gather", "combine"}
 
@@ -38,20 +36,6 @@ ARCHS = [
 ]
 
 
-def _module_variants():
-    out = []
-    for name in KERNEL_MODULES:
-        try:
-            mod = importlib.import_module(f"hip_kernels.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"hip_kernels.{name}":
-                continue  # module not written yet
-            raise
-        if hasattr(mod, "variants"):
-            out.append((name, mod))
-    return out
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     d = tmp_path_factory.mktemp("kcache")
@@ -63,10 +47,9 @@ def cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("modname", [n for n, _ in _module_variants()])
+@pytest.mark.parametrize("modname", list(all_variants.kernel_modules()))
 def test_all_variants_compile(modname, arch, cache, capsys):
-    mod = importlib.import_module(f"hip_kernels.{modname}")
-    variants = mod.variants()
+    variants = all_variants.kernel_modules()[modname].variants()
     assert variants, f"hip_kernels.{modname}.variants() is empty"
     assert len(set(variants)) == len(variants), "duplicate variants"
     spilled, regs = [], [0]

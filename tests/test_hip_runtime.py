@@ -317,3 +317,14 @@ def test_combine_rejects_bad_inputs():
         combine(torch.randn(3, 5, 4, 6), lse, torch.empty(5, 4, 6))
     with pytest.raises(ValueError, match="on a GPU"):
         combine(o, lse, out)
+
+
+def test_variants_registry_lists_gather_and_combine(capsys):
+    from hip_kernels import variants
+
+    names = [n for n, _ in variants.all_variants()]
+    assert names.count("gather") == 10 and names.count("combine") == 3
+    vs = [v for _, v in variants.all_variants()]
+    assert len(set(vs)) == len(vs)
+    variants.main(["--list"])
+    assert "atom_gather_kv[" in capsys.readouterr().out
