@@ -117,7 +117,7 @@ def sdpa_fns(batch: int, ctx: int):
     return fns
 
 
-def triton_fn(c):
+def triton_fn(c, splits):
     try:
         from atom_backend import unified
     except ImportError:
@@ -126,9 +126,11 @@ def triton_fn(c):
         return None
     try:
         out = torch.empty_like(c["q"])
+        ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
 
         def fn():
-            return unified.paged_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], out=out, **c["scales"])
+            return unified.paged_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_seqlen_q=1,
+                                        num_splits=splits, workspace=ws, out=out, **c["scales"])
 
         fn()
         torch.cuda.synchronize()
@@ -141,7 +143,7 @@ def triton_fn(c):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="also time a range of split counts")
-    ap.add_argument("--tune", action="store_true", help="also time UNROLL / KV_LOAD_BYTES alternatives")
+    ap.add_argument("--tune", action="store_true", help="also time UNROLL / STAGES alternatives")
     ap.add_argument("--json", default="", help="write all rows to this file")
     args = ap.parse_args(argv)
 
@@ -184,15 +186,16 @@ def main(argv=None) -> None:
                     if s != planned and b * HK * s <= 16 * sms * 8:
                         record("ours_sweep", shape, kv, s, bench_ms(run_ours(c, s)), nbytes)
             if args.tune:
-                tunes = [{"UNROLL": 2}, {"UNROLL": 4}] if kv == "bf16" else [{"UNROLL": 1}, {"KV_LOAD_BYTES": 8}, {"KV_LOAD_BYTES": 8, "UNROLL": 2}]
+                tunes = ([{"UNROLL": 2, "STAGES": 3}, {"UNROLL": 2, "STAGES": 6}, {"UNROLL": 4, "STAGES": 3}] if kv == "bf16"
+                         else [{"UNROLL": 4, "STAGES": 3}, {"UNROLL": 4, "STAGES": 5}, {"UNROLL": 2, "STAGES": 6}])
                 for t in tunes:
                     record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, tune=t, with_combine=False)),
                            nbytes, json.dumps(t))
                 record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)), nbytes, "default")
             if kv == "bf16":
-                tf = triton_fn(c)
+                tf = triton_fn(c, planned)
                 if tf is not None:
-                    peers["triton_unified"] = record("triton_unified", shape, kv, 0, bench_ms(tf), nbytes)
+                    peers["triton_unified"] = record("triton_unified", shape, kv, planned, bench_ms(tf), nbytes)
             del c
             torch.cuda.empty_cache()
         summary.append((shape, planned, ours, peers))

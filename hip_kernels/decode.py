@@ -43,8 +43,8 @@ _FMT_FACTOR = {0: 1.0, 1: 2.0**112, 2: 2.0**120, 3: 2.0**119}
 
 
 def _rows_max(kv_code: int) -> int:
-    """Rows per CTA the registers hold: q and the accumulator take rows x 16 bytes of KV each."""
-    return 8 if kv_code < 2 else 4
+    """Rows per CTA the registers hold (q and the accumulator: 16 floats per row per lane)."""
+    return 8
 
 
 def _variant(head_dim: int, rows: int, q_code: int, kv_code: int):
@@ -229,7 +229,7 @@ def splitkv_partials(
     group = hq // hk
     rows, row_blocks = _pick_rows(max_query_len * group, kv_code)
     defines_variant = _variant(d, rows, _Q_DTYPES[q.dtype], kv_code)
-    if _tune:  # benchmarking knob: extra defines (UNROLL, KV_LOAD_BYTES)
+    if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
         defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     softcap = float(softcap)

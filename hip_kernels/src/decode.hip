@@ -6,12 +6,15 @@
 // per CTA (more rows => more row blocks, which re-read the tile mostly from L2).
 //
 // Memory layout of the work: each key is one contiguous head_dim vector of K (and of V) in its
-// page, so a key is read by L lanes with one 16-byte load each (a "key group"). Every key group
-// runs its own online softmax over the keys it owns; groups are merged once at the end (shuffles
-// within a warp, shared memory across warps). Nothing is exchanged between groups in the loop.
+// page. Each warp owns KPW keys of every chunk: its lanes copy them, 16 bytes per lane per copy,
+// from the pages into the warp's own slice of a STAGES-deep shared-memory ring (asynchronous
+// copies where the device layer has them), then read them back as key groups of L lanes, 8
+// elements per lane. Copying and computing are warp-local: no block barrier in the loop. Every
+// key group runs its own online softmax over its keys; groups are merged once at the end
+// (shuffles within a warp, shared memory across warps).
 //
-// Pipelining: page ids are looked up one chunk ahead of the KV loads, and the KV loads of chunk
-// c+1 are in flight while chunk c is computed (two register stages, ping-pong).
+// Pipelining: STAGES-1 chunks of copies are in flight while a chunk is computed, without holding
+// registers; page ids are looked up one chunk ahead of the copies that need them.
 //
 // KV decode without conversion instructions: bf16 is the top half of an fp32; fp16 and fp8 are
 // moved into the fp32 exponent/mantissa fields by integer shifts, which yields the value times a
@@ -20,7 +23,8 @@
 // the inner loops are integer ALU + FMA only. Requires denormals kept (no flush-to-zero).
 //
 // Defines: HEAD_DIM (64|128|256), ROWS (1|2|4|8), Q_DTYPE (0 bf16, 1 fp16),
-//          KV_DTYPE (0 bf16, 1 fp16, 2 fp8 e4m3fn, 3 fp8 e4m3fnuz), NUM_THREADS (128).
+//          KV_DTYPE (0 bf16, 1 fp16, 2 fp8 e4m3fn, 3 fp8 e4m3fnuz), NUM_THREADS (128),
+//          tuning: UNROLL (keys per group per chunk), STAGES (ring depth).
 
 #include "atom_device.h"
 
@@ -44,44 +48,54 @@ namespace atom_decode {
 
 constexpr int D = HEAD_DIM;
 constexpr int KV_BYTES = KV_DTYPE >= 2 ? 1 : 2;
-// Bytes of one key each lane loads: 16 (default); 8 halves q/accumulator registers for FP8.
-#ifndef KV_LOAD_BYTES
-#define KV_LOAD_BYTES 16
-#endif
-constexpr int LOAD_BYTES = KV_LOAD_BYTES;
-static_assert(LOAD_BYTES == 16 || LOAD_BYTES == 8, "KV_LOAD_BYTES is 16 or 8");
-constexpr int NWORDS = LOAD_BYTES / 4;
-constexpr int VEC = LOAD_BYTES / KV_BYTES;  // KV elements per lane per load
-static_assert(VEC % 8 == 0, "q is loaded 8 elements (16 bytes) at a time: 8-byte loads are for FP8 only");
-constexpr int L = D / VEC;          // lanes per key
+constexpr int VEC = 8;                       // KV elements per lane per key (compute)
+constexpr int CB = VEC * KV_BYTES;           // bytes per lane per key (compute)
+constexpr int NWORDS = CB / 4;
+constexpr int L = D / VEC;                   // lanes per key group
 constexpr int WARP = ATOM_WARP_SIZE;
 static_assert(D % VEC == 0 && L <= WARP && WARP % L == 0, "head_dim does not map onto a warp");
-constexpr int GPW = WARP / L;  // key groups per warp
+constexpr int GPW = WARP / L;                // key groups per warp
 constexpr int NW = NUM_THREADS / WARP;
 static_assert(NUM_THREADS % WARP == 0, "whole warps only");
-constexpr int NG = NW * GPW;                   // key groups per CTA
-// Keys per group per chunk: as many loads in flight as the registers allow without spilling.
+// Keys per group per chunk and ring depth: registers hold q and the accumulator (16 x ROWS),
+// UNROLL x ROWS scores; shared memory holds the copies in flight (measured: docs/perf/decode.md).
 #ifdef UNROLL
 constexpr int U = UNROLL;
 #else
-constexpr int U = (KV_BYTES == 2 && ROWS == 8) ? 1 : (ROWS * VEC >= 64 ? 2 : 4);
+constexpr int U = ROWS == 8 ? 2 : (ROWS == 4 && KV_BYTES == 2) ? 2 : 4;
 #endif
-static_assert(ROWS * VEC <= 64, "q and the accumulator would not fit in registers: use row blocks");
-constexpr int CHUNK = NG * U;                  // keys per CTA per chunk
+#ifdef STAGES
+constexpr int NST = STAGES;
+#else
+constexpr int NST = KV_BYTES == 1 ? (ROWS <= 2 ? 5 : 4) : (ROWS >= 4 ? 4 : 3);
+#endif
+static_assert(NST >= 2, "a ring needs two stages");
+constexpr int KPW = GPW * U;                 // keys per warp per chunk
+constexpr int CHUNK = NW * KPW;              // keys per CTA per chunk
+constexpr int KEYB = D * KV_BYTES;           // bytes of one key of one head (K or V)
+constexpr int CPK = KEYB / 16;               // 16-byte copies per key
+constexpr int NCP = KPW * CPK / WARP;        // copies per lane per chunk, for K and for V each
+static_assert(KPW * CPK % WARP == 0, "copies must spread evenly over the lanes");
 constexpr bool KV_NEEDS_FACTOR = KV_DTYPE != 0;
-
+constexpr bool FP8 = KV_BYTES == 1;
+// Shared memory: per warp and stage, K then V of KPW keys, then (FP8) their K and V factors.
+constexpr int STAGE_BYTES = 2 * KPW * KEYB + (FP8 ? 2 * KPW * 4 : 0);
+constexpr int RING_BYTES = NW * NST * STAGE_BYTES;
+constexpr int MERGE_BYTES = NW * ROWS * (D + 2) * 4;
+constexpr int SMEM_BYTES = RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES;
+static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory limit");
+static_assert(ROWS * VEC <= 64, "q and the accumulator would not fit in registers: use row blocks");
 
 ATOM_DEV unsigned int word(const atom::u32x4& v, int i) {  // i is a constant after unrolling
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One lane's slice of one key: a single 16- (or 8-) byte vector load.
-struct alignas(LOAD_BYTES) KVec {
+// One lane's slice of one key, as read back from shared memory.
+struct alignas(CB) KVec {
   unsigned int w[NWORDS];
 };
-ATOM_DEV KVec load_kv(const char* p) { return *reinterpret_cast<const KVec*>(p); }
 
-// Decode 4 packed words into VEC floats, scaled by the format's power of two (see header).
+// Decode NWORDS packed words into VEC floats, scaled by the format's power of two (see header).
 ATOM_DEV void decode_kv(const KVec& x, float (&f)[VEC]) {
 #pragma unroll
   for (int i = 0; i < NWORDS; ++i) {
@@ -111,6 +125,39 @@ ATOM_DEV float q_to_float(unsigned short h) {
     return atom::u32_as_f32(((w & 0x7fffu) << 13) | ((w & 0x8000u) << 16)) * 0x1p112f;
   }
 }
+
+// ---- Global -> shared copies. Belong in atom_device.h (asked for); kept here until it has them.
+// NVIDIA: cp.async (sm_80+), completion tracked per thread in commit groups; a false predicate
+// zero-fills without reading. Elsewhere: a plain load and store (correct, not overlapped).
+#if ATOM_NVIDIA
+ATOM_DEV void copy16_async(void* dst, const void* src, bool pred) {
+  const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 16 : 0));
+}
+ATOM_DEV void copy4_async(void* dst, const void* src, bool pred) {
+  const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(pred ? 4 : 0));
+}
+ATOM_DEV void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+ATOM_DEV void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+ATOM_DEV void warp_sync() { __syncwarp(); }
+#else
+ATOM_DEV void copy16_async(void* dst, const void* src, bool pred) {
+  *reinterpret_cast<atom::u32x4*>(dst) = pred ? atom::load16(src) : atom::u32x4{0u, 0u, 0u, 0u};
+}
+ATOM_DEV void copy4_async(void* dst, const void* src, bool pred) {
+  *reinterpret_cast<float*>(dst) = pred ? *reinterpret_cast<const float*>(src) : 0.f;
+}
+ATOM_DEV void copy_commit() {}
+template <int N>
+ATOM_DEV void copy_wait() {}
+ATOM_DEV void warp_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
 
 ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
 ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
@@ -145,7 +192,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   const int tid = (int)atom::tid_x();
   const int lane = tid % WARP;
   const int warp = tid / WARP;
-  const int li = lane % L;                  // lane within the key group: which 16 bytes of the key
+  const int li = lane % L;                  // lane within the key group: which 8 elements
   const int gid = warp * GPW + lane / L;    // key group id within the CTA
 
   const int q0 = cu_seqlens_q[b];
@@ -215,62 +262,64 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   }
 
   const bool per_page = k_descale != nullptr;
-  const char* kb = k_cache + (long long)g * k_head_bytes + li * LOAD_BYTES;
-  const char* vb = v_cache + (long long)g * v_head_bytes + li * LOAD_BYTES;
+  const char* kb = k_cache + (long long)g * k_head_bytes;
+  const char* vb = v_cache + (long long)g * v_head_bytes;
   const int* table = kv_indptr != nullptr ? kv_indices + ip0 : block_table + (long long)b * bt_stride;
+
+  __shared__ alignas(16) char smem[SMEM_BYTES];
+  char* ring = smem + warp * NST * STAGE_BYTES;
 
   auto key_of = [&](int v) { return v < n_sink ? v : st + (v - n_sink); };
 
-  // Page id and slot of this group's keys of chunk c (page ids clamped into the pool).
-  auto lookup = [&](int c, int (&pid)[U], int (&slot)[U]) {
+  // Copies of this lane: copy t of a chunk moves bytes (i % CPK) * 16 of the warp's key i / CPK,
+  // with i = lane + WARP * t. Page ids are clamped into the pool; keys past the split zero-fill.
+  int pid[NCP], slot[NCP];
+  auto lookup = [&](int c) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = c * CHUNK + u * NG + gid;
-      pid[u] = 0;
-      slot[u] = 0;
+    for (int t = 0; t < NCP; ++t) {
+      const int v = c * CHUNK + warp * KPW + (lane + WARP * t) / CPK;
+      pid[t] = -1;
+      slot[t] = 0;
       if (v < vcount) {
         const int j = key_of(v);
         const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
-        const int p = table[lp];
-        pid[u] = imin(imax(p, 0), num_blocks - 1);
-        slot[u] = j - lp * block_size;
+        pid[t] = imin(imax(table[lp], 0), num_blocks - 1);
+        slot[t] = j - lp * block_size;
       }
     }
   };
-
-  struct Stage {
-    KVec k[U], v[U];
-    float kf[U], vf[U];
-  };
-
-  auto load = [&](int c, const int (&pid)[U], const int (&slot)[U], Stage& S) {
+  auto issue = [&](int c) {
+    char* stg = ring + (c % NST) * STAGE_BYTES;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = c * CHUNK + u * NG + gid;
-      S.kf[u] = k_factor;
-      S.vf[u] = v_factor;
-      if (v < vcount) {
-        S.k[u] = load_kv(kb + (long long)pid[u] * k_page_bytes + (long long)slot[u] * k_tok_bytes);
-        S.v[u] = load_kv(vb + (long long)pid[u] * v_page_bytes + (long long)slot[u] * v_tok_bytes);
-        if (KV_NEEDS_FACTOR && per_page) {
-          const long long di = (long long)pid[u] * num_kv_heads + g;
-          S.kf[u] = k_descale[di] * fmt_factor;
-          S.vf[u] = v_descale[di] * fmt_factor;
+    for (int t = 0; t < NCP; ++t) {
+      const int i = lane + WARP * t;
+      const int k = i / CPK, part = (i % CPK) * 16;
+      const bool ok = pid[t] >= 0;
+      const long long pk = ok ? (long long)pid[t] * k_page_bytes + (long long)slot[t] * k_tok_bytes : 0;
+      const long long pv = ok ? (long long)pid[t] * v_page_bytes + (long long)slot[t] * v_tok_bytes : 0;
+      copy16_async(stg + k * KEYB + part, kb + pk + part, ok);
+      copy16_async(stg + KPW * KEYB + k * KEYB + part, vb + pv + part, ok);
+      if (FP8 && part == 0) {
+        // The page's factors, copied by the lane that copies the key's first 16 bytes.
+        float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
+        const long long di = ok ? (long long)pid[t] * num_kv_heads + g : 0;
+        if (per_page) {
+          copy4_async(fac + k, k_descale + di, ok);
+          copy4_async(fac + KPW + k, v_descale + di, ok);
         }
-      } else {
-        // Zeros, not stale registers: p = 0 times a NaN would poison the accumulator.
-#pragma unroll
-        for (int i = 0; i < NWORDS; ++i) S.k[u].w[i] = S.v[u].w[i] = 0u;
       }
     }
   };
 
-  auto compute = [&](int c, const Stage& S) {
+  auto compute = [&](int c) {
+    const char* stg = ring + (c % NST) * STAGE_BYTES;
+    const float* fac = reinterpret_cast<const float*>(stg + 2 * KPW * KEYB);
     float sc[U][ROWS];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      const int k = u * GPW + lane / L;
       float kf[VEC];
-      decode_kv(S.k[u], kf);
+      decode_kv(*reinterpret_cast<const KVec*>(stg + k * KEYB + li * CB), kf);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         float d0 = 0.f, d1 = 0.f;
@@ -290,15 +339,23 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) sc[u][r] += atom::shfl_xor(sc[u][r], off);
     }
+    float kfac[U], vfac[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = c * CHUNK + u * NG + gid;
+      const int k = u * GPW + lane / L;
+      kfac[u] = k_factor;
+      vfac[u] = v_factor;
+      if (FP8 && per_page) {
+        kfac[u] = fac[k] * fmt_factor;
+        vfac[u] = fac[KPW + k] * fmt_factor;
+      }
+      const int v = c * CHUNK + warp * KPW + k;
       const int j = key_of(v);
       const bool kvalid = v < vcount;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         float x = sc[u][r];
-        if (KV_NEEDS_FACTOR) x *= S.kf[u];
+        if (KV_NEEDS_FACTOR) x *= kfac[u];
         if (softcap_l2e > 0.f) {
           // c * tanh(x / c), in log2 units; tanh(y) = 1 - 2 / (exp(2y) + 1) saturates cleanly.
           const float e2 = atom::exp2_(x * inv_softcap * 2.8853900817779268f);
@@ -322,7 +379,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
       for (int u = 0; u < U; ++u) {
         const float p = atom::exp2_(sc[u][r] - mref);
         ls += p;
-        w[u][r] = KV_NEEDS_FACTOR ? p * S.vf[u] : p;
+        w[u][r] = KV_NEEDS_FACTOR ? p * vfac[u] : p;
       }
       l[r] = ls;
       m[r] = mx;
@@ -331,8 +388,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      const int k = u * GPW + lane / L;
       float vf[VEC];
-      decode_kv(S.v[u], vf);
+      decode_kv(*reinterpret_cast<const KVec*>(stg + KPW * KEYB + k * KEYB + li * CB), vf);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -340,24 +398,31 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
     }
   };
 
+  // Every warp runs the same number of chunks (copies of keys past the split zero-fill), so the
+  // commit-group counting below is uniform.
   const int nchunks = (vcount + CHUNK - 1) / CHUNK;
   if (nchunks > 0) {
-    int pid[U], slot[U];
-    Stage A, B;
-    lookup(0, pid, slot);
-    load(0, pid, slot, A);
-    lookup(1, pid, slot);
-    for (int c = 0; c < nchunks; c += 2) {
-      const bool more = c + 1 < nchunks;
-      if (more) load(c + 1, pid, slot, B);
-      lookup(c + 2, pid, slot);
-      compute(c, A);
-      if (!more) break;
-      if (c + 2 < nchunks) load(c + 2, pid, slot, A);
-      lookup(c + 3, pid, slot);
-      compute(c + 1, B);
+#pragma unroll
+    for (int c = 0; c < NST - 1; ++c) {
+      if (c < nchunks) {
+        lookup(c);
+        issue(c);
+      }
+      copy_commit();
+    }
+    lookup(NST - 1);
+    for (int c = 0; c < nchunks; ++c) {
+      if (c + NST - 1 < nchunks) issue(c + NST - 1);  // refills the stage computed last iteration
+      copy_commit();
+      lookup(c + NST);
+      copy_wait<NST - 1>();  // this lane's copies of chunk c have landed
+      warp_sync();           // ... and every lane's
+      compute(c);
+      warp_sync();           // nobody reads stage c % NST when it is refilled next iteration
     }
   }
+  copy_wait<0>();
+  atom::sync_block();  // the ring becomes the merge buffer
 
   // Merge the key groups of a warp (lanes L apart hold the same slice of head_dim).
 #pragma unroll
@@ -380,8 +445,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   }
 
   // Merge across warps through shared memory, normalise and write the split's partials.
-  __shared__ float sm_acc[NW][ROWS][D];
-  __shared__ float sm_m[NW][ROWS], sm_l[NW][ROWS];
+  float (*sm_acc)[ROWS][D] = reinterpret_cast<float (*)[ROWS][D]>(smem);
+  float (*sm_m)[ROWS] = reinterpret_cast<float (*)[ROWS]>(smem + NW * ROWS * D * 4);
+  float (*sm_l)[ROWS] = reinterpret_cast<float (*)[ROWS]>(smem + NW * ROWS * (D + 1) * 4);
   if (lane < L) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
