@@ -249,6 +249,43 @@ ATOM_DEV void store16_stream(void* p, const u32x4& v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Global -> shared copies that overlap with compute where the hardware allows.
+// NVIDIA (sm_80+): cp.async, completion tracked per thread in commit groups; pred == false
+// zero-fills the destination without reading the source. Elsewhere: a plain load and store
+// (correct, not overlapped), and commit / wait are no-ops.
+// ---------------------------------------------------------------------------------------------
+#if ATOM_NVIDIA
+ATOM_DEV void copy16_async(void* smem_dst, const void* gsrc, bool pred) {
+  const u32 d = (u32)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gsrc), "r"(pred ? 16 : 0));
+}
+ATOM_DEV void copy4_async(void* smem_dst, const void* gsrc, bool pred) {
+  const u32 d = (u32)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(gsrc), "r"(pred ? 4 : 0));
+}
+ATOM_DEV void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+ATOM_DEV void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+ATOM_DEV void warp_sync() { __syncwarp(); }
+#else
+ATOM_DEV void copy16_async(void* smem_dst, const void* gsrc, bool pred) {
+  *reinterpret_cast<u32x4*>(smem_dst) = pred ? *reinterpret_cast<const u32x4*>(gsrc) : u32x4{0u, 0u, 0u, 0u};
+}
+ATOM_DEV void copy4_async(void* smem_dst, const void* gsrc, bool pred) {
+  *reinterpret_cast<u32*>(smem_dst) = pred ? *reinterpret_cast<const u32*>(gsrc) : 0u;
+}
+ATOM_DEV void copy_commit() {}
+template <int N>
+ATOM_DEV void copy_wait() {}
+ATOM_DEV void warp_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // 16-bit floats as raw bits (u16): kernels store and move bits, convert at the edges.
 // ---------------------------------------------------------------------------------------------
 ATOM_DEV float bf16_to_f32(u16 b) { return u32_as_f32((u32)b << 16); }
