@@ -46,6 +46,7 @@ def _attn_tiles(
     MASK: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINK_TOKENS: tl.constexpr,
     USE_SOFTCAP: tl.constexpr, PER_PAGE: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAD_D: tl.constexpr, DOT_IEEE: tl.constexpr,
+    PV_FP16: tl.constexpr,
 ):
     """Online softmax over key tiles t_lo..t_hi-1 (tile t starts at key0 + t * BLOCK_N).
 
@@ -125,6 +126,9 @@ def _attn_tiles(
             p = p * vd[None, :]
         if DOT_IEEE:
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision="ieee")
+        elif PV_FP16:
+            # FP8 values are exact in fp16, and P keeps 3 more bits there than in bf16
+            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
         else:
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
         m_i = m_new
@@ -159,7 +163,7 @@ def unified_attn_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, PAD_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINK_TOKENS: tl.constexpr,
     USE_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PER_TENSOR: tl.constexpr, PER_PAGE: tl.constexpr,
-    SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_IEEE: tl.constexpr,
+    SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, DOT_IEEE: tl.constexpr, PV_FP16: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens x HG query heads of one kv head [x one key split].
 
@@ -234,7 +238,7 @@ def unified_attn_kernel(
             k_ptr, v_ptr, bt_row_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             kds_ptr, vds_ptr, num_kv_heads, qk_scale, cap_in, cap_out, window, sink_tokens, offs_d,
             True, CAUSAL, USE_WINDOW, USE_SINK_TOKENS, USE_SOFTCAP, PER_PAGE, PAGE_SIZE,
-            BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE)
+            BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE, PV_FP16)
 
     # Segment B: keys [b0, b1), masked only on the tiles that cross a causal/window/range edge.
     b0 = tl.maximum(lo, s_lo)
@@ -245,19 +249,19 @@ def unified_attn_kernel(
         k_ptr, v_ptr, bt_row_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
         kds_ptr, vds_ptr, num_kv_heads, qk_scale, cap_in, cap_out, window, sink_tokens, offs_d,
         True, CAUSAL, USE_WINDOW, USE_SINK_TOKENS, USE_SOFTCAP, PER_PAGE, PAGE_SIZE,
-        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE)
+        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE, PV_FP16)
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, q_pos, t1, t2, b0, b1,
         k_ptr, v_ptr, bt_row_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
         kds_ptr, vds_ptr, num_kv_heads, qk_scale, cap_in, cap_out, window, sink_tokens, offs_d,
         False, CAUSAL, USE_WINDOW, USE_SINK_TOKENS, USE_SOFTCAP, PER_PAGE, PAGE_SIZE,
-        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE)
+        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE, PV_FP16)
     acc, l_i, m_i = _attn_tiles(
         acc, l_i, m_i, q, q_pos, t2, n_b, b0, b1,
         k_ptr, v_ptr, bt_row_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
         kds_ptr, vds_ptr, num_kv_heads, qk_scale, cap_in, cap_out, window, sink_tokens, offs_d,
         True, CAUSAL, USE_WINDOW, USE_SINK_TOKENS, USE_SOFTCAP, PER_PAGE, PAGE_SIZE,
-        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE)
+        BLOCK_N, HEAD_DIM, PAD_D, DOT_IEEE, PV_FP16)
 
     # -- epilogue: normalise; a row with no visible key gets o = 0, lse = -inf
     has_keys = l_i > 0.0

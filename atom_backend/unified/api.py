@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -48,8 +49,9 @@ class TileConfig:
     num_stages: int
 
 
-def default_config(head_pad: int, group: int, max_seqlen_q: int, interpret: bool, kv_fp8: bool) -> TileConfig:
-    """Heuristic tiles (tuned on H100, see docs/perf/unified.md)."""
+def default_config(head_pad: int, group: int, max_seqlen_q: int, interpret: bool, kv_fp8: bool,
+                   window: int = 0) -> TileConfig:
+    """Heuristic tiles, from the H100 sweep in docs/perf/unified.md."""
     if interpret:
         # fewer, larger programs: the interpreter's cost is per program and per tile
         return TileConfig(block_m=max(16, min(64, _next_pow2(group * max(1, max_seqlen_q)))), block_n=32,
@@ -60,9 +62,10 @@ def default_config(head_pad: int, group: int, max_seqlen_q: int, interpret: bool
         bn = 64 if head_pad <= 128 else 32
         return TileConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=3)
     if head_pad <= 64:
-        return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+        # a short window leaves few key tiles per q tile: narrower tiles waste less on masks
+        return TileConfig(block_m=128, block_n=32 if 0 < window <= 256 else 64, num_warps=4, num_stages=3)
     if head_pad <= 128:
-        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+        return TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3)
     return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
 
 
@@ -157,7 +160,7 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
     _check(dev.type in ("cpu", "cuda"), f"unsupported device {dev} (CUDA or ROCm GPUs, or CPU under TRITON_INTERPRET=1)")
     group = hq // hk
     head_pad = max(16, _next_pow2(d))
-    cfg = config or default_config(head_pad, group, max_seqlen_q, interpret, kv_fp8)
+    cfg = config or default_config(head_pad, group, max_seqlen_q, interpret, kv_fp8, window)
     hg = min(group, cfg.block_m)
     block_q = cfg.block_m // hg
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -183,12 +186,58 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
         HEAD_DIM=d, HEAD_PAD=head_pad, PAD_D=head_pad != d, PAGE_SIZE=page_size,
         CAUSAL=bool(causal), USE_WINDOW=window > 0, USE_SINK_TOKENS=window > 0 and sink_tokens > 0,
         USE_SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, PER_TENSOR=per_tensor, PER_PAGE=per_page,
-        DOT_IEEE=q.dtype == torch.float32,
+        DOT_IEEE=q.dtype == torch.float32, PV_FP16=kv_fp8 and q.dtype != torch.float32,
     )
-    if not interpret:
-        args.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return _Launch(kern=_kernels(), args=args, cfg=cfg, hg=hg, block_q=block_q,
                    grid_tiles=total_q // block_q + batch, grid_heads=hk * (-(-group // hg)), interpret=interpret)
+
+
+_COMPILE_ERRORS = ("PTXASError", "CompilationError", "OutOfResources", "CompileTimeAssertionFailure")
+_fallback_cfg: dict = {}
+
+
+def _fallbacks(cfg: TileConfig):
+    """Configs to try when a variant fails to build (a ptxas crash was seen once on triton 3.6, or
+    too little shared memory): same rows (the grid depends on them), lighter pipelines."""
+    seen = [cfg]
+    for c in (TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, max(1, cfg.num_stages - 1)),
+              TileConfig(cfg.block_m, max(16, cfg.block_n // 2), cfg.num_warps, 2),
+              TileConfig(cfg.block_m, 16, 4, 1)):
+        if c not in seen:
+            seen.append(c)
+    return seen
+
+
+def _launch(kernel, grid, L, **extra):
+    """Launch; if this variant does not build, fall back to a lighter config (remembered)."""
+    if L.interpret:
+        kernel[grid](**extra, **L.args)
+        return
+    const = tuple(sorted((k, v) for k, v in {**L.args, **extra}.items() if k.isupper()))
+    key = (kernel.__name__ if hasattr(kernel, "__name__") else id(kernel), const, L.cfg)
+    cfg = _fallback_cfg.get(key, L.cfg)
+    errors = []
+    for c in ([cfg] if key in _fallback_cfg else _fallbacks(cfg)):
+        args = dict(L.args, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages)
+        try:
+            kernel[grid](**extra, **args)
+        except Exception as e:  # noqa: BLE001 - only build failures are retried, see below
+            if type(e).__name__ not in _COMPILE_ERRORS and "PassManager" not in str(e):
+                raise
+            errors.append(f"{c}: {type(e).__name__}")
+            continue
+        if c != L.cfg and key not in _fallback_cfg:
+            _fallback_cfg[key] = c
+            msg = f"unified kernel variant failed to build with {L.cfg}; using {c} ({'; '.join(errors)})"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            try:
+                from atom_backend import metrics
+
+                metrics.record_fallback("compile_failed_config", "unified")
+            except Exception:  # noqa: BLE001 - metrics are optional here
+                pass
+        return
+    raise RuntimeError(f"unified kernel failed to build with every fallback config: {errors}")
 
 
 def _check_runnable(L, q):
@@ -225,9 +274,9 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *,
     _check_runnable(L, q)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device) if return_lse else None
     if q.shape[0] and seq_lens.shape[0]:
-        L.kern.unified_attn_kernel[(L.grid_tiles, L.grid_heads)](
-            out_ptr=out, lse_ptr=lse, stride_ot=out.stride(0), stride_oh=out.stride(1),
-            SPLIT=False, RETURN_LSE=return_lse, **L.args)
+        _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads), L,
+                out_ptr=out, lse_ptr=lse, stride_ot=out.stride(0), stride_oh=out.stride(1),
+                SPLIT=False, RETURN_LSE=return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -282,8 +331,8 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
     _check_runnable(L, q)
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device) if return_lse else None
     if total_q and seq_lens.shape[0]:
-        L.kern.unified_attn_kernel[(L.grid_tiles, L.grid_heads, num_splits)](
-            out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, SPLIT=True, RETURN_LSE=False, **L.args)
+        _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads, num_splits), L,
+                out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, SPLIT=True, RETURN_LSE=False)
         L.kern.combine_kernel[(total_q, hq)](
             o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, SPLITS_PAD=max(2, _next_pow2(num_splits)), HEAD_DIM=d,
