@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
 
 import torch
 
 from bench.common import bench_ms, copy_bandwidth_gbs, device_name
 from hip_kernels import runtime
+from hip_kernels import gather as gmod
 from hip_kernels.gather import gather_kv
 
 SHAPES = [
@@ -91,11 +97,49 @@ def run_shape(name, nreq, ntok, h, d, ps, layout, kvd, check=True):
                 peer_gbs=peer_bytes / peer_ms / 1e6)
 
 
+_CHILD = '''
+import time, torch
+torch.zeros(1, device="cuda")
+from hip_kernels import runtime, gather
+t = time.perf_counter()
+runtime.load(gather.variant("vllm", False))
+print(time.perf_counter() - t)
+'''
+
+
+def load_times() -> dict:
+    """Seconds to get a launchable kernel: cold compile, disk-cache hit (same process, memo
+    cleared), in-process memo, and disk hit from a fresh process with ATOM_NO_COMPILE=1."""
+    old = os.environ.get("ATOM_KERNEL_CACHE")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["ATOM_KERNEL_CACHE"] = d
+        try:
+            v = gmod.variant("vllm", False)
+            runtime.clear_memo()
+            t = time.perf_counter(); runtime.load(v); cold = time.perf_counter() - t
+            runtime.clear_memo()
+            t = time.perf_counter(); runtime.load(v); disk = time.perf_counter() - t
+            t = time.perf_counter(); runtime.load(v); memo = time.perf_counter() - t
+            env = {**os.environ, "ATOM_NO_COMPILE": "1", "PYTHONPATH": os.getcwd()}
+            r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+            fresh = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
+            if r.returncode:
+                print(r.stderr[-2000:])
+        finally:
+            if old is None:
+                os.environ.pop("ATOM_KERNEL_CACHE", None)
+            else:
+                os.environ["ATOM_KERNEL_CACHE"] = old
+            runtime.clear_memo()
+    return dict(cold_s=cold, disk_hit_s=disk, memo_s=memo, new_process_disk_hit_s=fresh)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--only", default=None, help="substring filter on shape names")
     args = ap.parse_args(argv)
+    lt = load_times()
     copy = copy_bandwidth_gbs()
     rows = []
     for s in SHAPES:
@@ -111,9 +155,11 @@ def main(argv=None) -> None:
     for r in rows:
         print(f"{r['shape']:38s} {r['ms']:8.3f} {r['gbs']:7.0f} {100 * r['frac_copy']:5.1f}% | "
               f"{r['peer_ms']:12.3f} {r['peer_gbs']:7.0f} {100 * r['peer_frac_copy']:5.1f}%")
+    print(f"kernel load: cold compile {lt['cold_s'] * 1e3:.1f} ms, disk-cache hit {lt['disk_hit_s'] * 1e3:.2f} ms, "
+          f"new process disk hit {lt['new_process_disk_hit_s'] * 1e3:.2f} ms, memo {lt['memo_s'] * 1e6:.1f} us")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name(), "copy_gbs": copy, "rows": rows}, f, indent=1)
+            json.dump({"device": device_name(), "copy_gbs": copy, "load": lt, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import fcntl
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -222,11 +223,28 @@ class _Nvrtc(_Toolchain):
                 "pip install atom-backend[cuda]"
             ) from e
         self.nvrtc = nvrtc
-        err, major, minor = nvrtc.nvrtcVersion()
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        self._version: str | None = None
+        self._loaded = False
+        self._inc: str | None = None
+
+    def _load(self) -> str:
+        """Load libnvrtc (~40 ms) and return its version; only compiles need it."""
+        nv = self.nvrtc
+        try:
+            err, major, minor = nv.nvrtcVersion()
+        except Exception as e:  # cuda-bindings raises when libnvrtc cannot be found
+            raise ToolchainMissingError(f"NVRTC failed to load ({e}): pip install atom-backend[cuda]") from e
+        if err != nv.nvrtcResult.NVRTC_SUCCESS:
             raise ToolchainMissingError(f"NVRTC failed to load ({err}): pip install atom-backend[cuda]")
-        self._version = f"{major}.{minor}"
-        self._inc = self._cuda_include_dir()
+        self._loaded = True
+        return f"{major}.{minor}"
+
+    def version(self) -> str:
+        # A cache hit must not pay for loading libnvrtc: when the library comes from the
+        # nvidia-cuda-nvrtc wheel (which cuda-bindings loads first), its files identify it.
+        if self._version is None:
+            self._version = _wheel_fingerprint("libnvrtc.so*") or self._load()
+        return self._version
 
     @staticmethod
     def _cuda_include_dir() -> str:
@@ -246,13 +264,14 @@ class _Nvrtc(_Toolchain):
             "(the nvidia-cuda-runtime wheel ships them)"
         )
 
-    def version(self) -> str:
-        return self._version
-
     def options(self, arch: str) -> list[str]:
         return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", "-default-device"]
 
     def compile(self, variant, arch, src, defines):
+        if not self._loaded:
+            self._load()
+        if self._inc is None:
+            self._inc = self._cuda_include_dir()
         nv = self.nvrtc
         ok = nv.nvrtcResult.NVRTC_SUCCESS
         err, prog = nv.nvrtcCreateProgram(src.encode(), variant.path.name.encode(), 0, [], [])
@@ -311,6 +330,29 @@ class _Clang(_Toolchain):
             if r.returncode != 0 or not out.exists():
                 raise KernelCompileError(variant, arch, self.id, text)
             return out.read_bytes(), text
+
+
+@functools.lru_cache(maxsize=None)
+def _wheel_fingerprint(pattern: str) -> str | None:
+    """'wheel-<hash>' of the NVIDIA wheel libraries matching `pattern` (name, size, mtime) and of
+    the CUDA headers NVRTC compiles against; None when no such wheel is installed."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = []
+    for base in spec.submodule_search_locations:
+        files += [p for p in Path(base).glob(f"*/lib/{pattern}") if p.is_file()]
+        files += [p for p in Path(base).glob(f"*/include/cuda_*.h") if p.is_file()]
+    if not any(p.name.startswith(pattern.rstrip("*")) for p in files):
+        return None
+    h = hashlib.sha256()
+    for p in sorted(files):
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return "wheel-" + h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)

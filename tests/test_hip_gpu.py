@@ -323,3 +323,24 @@ def test_load_is_memoised_and_launch_uses_current_stream():
     s.synchronize()
     ro, _ = ref.combine_splits(o_new.cpu().double(), lse_new.cpu().double())
     assert_close(out.cpu(), ro, torch.float32)
+
+
+def test_gather_fp8_cache_stored_as_uint8():
+    """vLLM keeps fp8 caches in uint8 tensors: same bytes, same result as the float8 view."""
+    from hip_kernels.gather import gather_kv
+
+    f8 = _fp8_dtype()
+    gen = torch.Generator().manual_seed(5)
+    ps, h, d, lens = 16, 2, 128, [40, 17]
+    nb = 8
+    k_cache, v_cache = _pool(nb, ps, h, d, f8)
+    pages = _assign_pages(lens, ps, nb, gen)
+    bt, _, _ = _tables(pages, lens, ps)
+    cu_t = torch.tensor([0, 40, 57], dtype=torch.int32, device=DEV)
+    k8, v8 = gather_kv(k_cache, v_cache, cu_t, 57, block_table=bt, k_scale=0.5, v_scale=2.0)
+    ku, vu = gather_kv(k_cache.view(torch.uint8), v_cache.view(torch.uint8), cu_t, 57, block_table=bt,
+                       k_scale=0.5, v_scale=2.0)
+    torch.cuda.synchronize()
+    rk, rv, _ = ref.gather_pages(k_cache.cpu(), v_cache.cpu(), pages, lens, k_scale=0.5, v_scale=2.0)
+    assert torch.equal(ku, k8) and torch.equal(vu, v8)
+    assert torch.equal(ku.cpu(), rk.to(torch.bfloat16)) and torch.equal(vu.cpu(), rv.to(torch.bfloat16))
