@@ -1,0 +1,237 @@
+"""Varlen prefill: hip_kernels.prefill vs torch SDPA (flash, cuDNN), FlexAttention and the Triton
+unified path, on the same shapes in one process (DESIGN.md "Performance accounting").
+
+    PYTHONPATH=. python -m bench.prefill [--quick] [--no-flex] [--json PATH]
+
+TFLOP/s = 4 * visible (i, j) pairs * head_dim * num_q_heads / time, for every implementation
+(the dense peers are credited with the same causal pair count, not the full square).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+from bench.common import bench_ms, device_name
+from hip_kernels import prefill
+
+
+def visible_pairs(sq: int, sk: int, causal: bool = True, window: int = 0) -> int:
+    n = 0
+    off = sk - sq
+    for i in range(sq):
+        p = off + i
+        hi = min(sk, p + 1) if causal else sk
+        lo = max(0, p - window + 1) if window > 0 else 0
+        n += max(0, hi - lo)
+    return n
+
+
+def tflops(pairs: int, d: int, hq: int, ms: float) -> float:
+    return 4.0 * pairs * d * hq / (ms * 1e-3) / 1e12
+
+
+def make(seqs, hq, hk, d, dtype=torch.bfloat16, device="cuda"):
+    tq, tk = sum(a for a, _ in seqs), sum(b for _, b in seqs)
+    q = torch.randn(tq, hq, d, dtype=dtype, device=device)
+    k = torch.randn(tk, hk, d, dtype=dtype, device=device)
+    v = torch.randn(tk, hk, d, dtype=dtype, device=device)
+    cq, ck = [0], [0]
+    for a, b in seqs:
+        cq.append(cq[-1] + a)
+        ck.append(ck[-1] + b)
+    cu_q = torch.tensor(cq, dtype=torch.int32, device=device)
+    cu_k = torch.tensor(ck, dtype=torch.int32, device=device)
+    return q, k, v, cu_q, cu_k
+
+
+def run_ours(seqs, q, k, v, cu_q, cu_k, *, use_work=True, **kw):
+    d = q.shape[2]
+    work = None
+    if use_work:
+        work = prefill.work_items([a for a, _ in seqs], [b for _, b in seqs], head_dim=d,
+                                  causal=kw.get("causal", True), window=kw.get("window", 0),
+                                  sink_tokens=kw.get("sink_tokens", 0)).to(q.device)
+    out = torch.empty_like(q)
+    mq, mk = max(a for a, _ in seqs), max(b for _, b in seqs)
+    fn = lambda: prefill.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,
+                                          work=work, **kw)
+    return fn
+
+
+def run_sdpa(seqs, q, k, v, backend):
+    """Dense equivalent: equal-length batch [B, H, S, D], is_causal (top-left == bottom-right for sq == sk)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    (sq, sk), B = seqs[0], len(seqs)
+    assert all(s == seqs[0] for s in seqs) and sq == sk
+    hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
+    qd = q.view(B, sq, hq, d).transpose(1, 2)
+    kd = k.view(B, sk, hk, d).transpose(1, 2)
+    vd = v.view(B, sk, hk, d).transpose(1, 2)
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def gqa():
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True)
+
+    try:
+        gqa()
+        return gqa
+    except Exception:
+        ke = kd.repeat_interleave(hq // hk, dim=1)
+        ve = vd.repeat_interleave(hq // hk, dim=1)
+
+        def expanded():
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(qd, ke, ve, is_causal=True)
+
+        expanded()
+        return expanded
+
+
+def run_flex(seqs, q, k, v, sinks_free=True):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    (sq, sk), B = seqs[0], len(seqs)
+    assert all(s == seqs[0] for s in seqs)
+    hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
+    off = sk - sq
+    qd = q.view(B, sq, hq, d).transpose(1, 2)
+    kd = k.view(B, sk, hk, d).transpose(1, 2)
+    vd = v.view(B, sk, hk, d).transpose(1, 2)
+
+    def causal(b, h, qi, ki):
+        return ki <= qi + off
+
+    bm = create_block_mask(causal, None, None, sq, sk, device=q.device)
+    f = torch.compile(flex_attention, dynamic=False)
+    fn = lambda: f(qd, kd, vd, block_mask=bm, enable_gqa=hq != hk)
+    fn()
+    return fn
+
+
+def run_unified(seqs, q, k, v, cu_q, **kw):
+    from atom_backend import unified
+
+    bs = 16
+    assert all(b % bs == 0 for _, b in seqs)
+    hk, d = k.shape[1], k.shape[2]
+    k_cache = k.view(-1, bs, hk, d)
+    v_cache = v.view(-1, bs, hk, d)
+    nb = max(b for _, b in seqs) // bs
+    bt = torch.zeros(len(seqs), nb, dtype=torch.int32)
+    start = 0
+    for i, (_, b) in enumerate(seqs):
+        bt[i, : b // bs] = torch.arange(start, start + b // bs, dtype=torch.int32)
+        start += b // bs
+    bt = bt.to(q.device)
+    seq_lens = torch.tensor([b for _, b in seqs], dtype=torch.int32, device=q.device)
+    mq = max(a for a, _ in seqs)
+    out = torch.empty_like(q)
+    fn = lambda: unified.paged_attention(q, k_cache, v_cache, cu_q, seq_lens, bt, max_seqlen_q=mq, out=out,
+                                         max_seqlen_k=max(b for _, b in seqs), **kw)
+    fn()
+    return fn
+
+
+def measure(label, fn, pairs, d, hq, rows, impl):
+    try:
+        fn()
+        torch.cuda.synchronize()
+        ms = bench_ms(fn)
+        tf = tflops(pairs, d, hq, ms)
+        rows.append({"shape": label, "impl": impl, "ms": ms, "tflops": tf})
+        print(f"  {impl:<22} {ms:8.3f} ms  {tf:7.1f} TFLOP/s", flush=True)
+    except Exception as e:  # a peer missing on this torch build is reported, not fatal
+        rows.append({"shape": label, "impl": impl, "error": f"{type(e).__name__}: {e}"[:200]})
+        print(f"  {impl:<22} unavailable: {type(e).__name__}: {str(e)[:120]}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="the 4k shapes only")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    print(f"device: {device_name()}  torch {torch.__version__}")
+    try:
+        import atom_backend.unified  # noqa: F401
+        have_unified = True
+    except Exception:
+        have_unified = False
+
+    shapes = [
+        ("causal 32/8 d128 4x4k", [(4096, 4096)] * 4, 32, 8, 128, {}),
+        ("causal 32/8 d128 1x16k", [(16384, 16384)], 32, 8, 128, {}),
+        ("gpt-oss 64/8 d64 sinks 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True}),
+        ("gpt-oss 64/8 d64 sinks+win128 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True, "window": 128}),
+        ("prefix sk=4sq 32/8 d128 16x1k/4k", [(1024, 4096)] * 16, 32, 8, 128, {}),
+        ("prefix sk=4sq 32/8 d128 4x4k/16k", [(4096, 16384)] * 4, 32, 8, 128, {}),
+        ("mixed 32/8 d128 16k tokens", [(8192, 8192), (4096, 6000), (2048, 2048), (1024, 3000), (512, 512)]
+         + [(1, 1000)] * 64 + [(256, 4096)] * 2, 32, 8, 128, {}),
+    ]
+    if args.quick:
+        shapes = [s for s in shapes if "16k" not in s[0] or "prefix" in s[0]]
+    rows = []
+    for label, seqs, hq, hk, d, kw in shapes:
+        pairs = sum(visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
+        print(f"{label}: {sum(a for a, _ in seqs)} q tokens, {pairs / 1e6:.1f}M visible pairs per head", flush=True)
+        q, k, v, cu_q, cu_k = make(seqs, hq, hk, d)
+        okw = dict(kw)
+        if okw.pop("sinks", False):
+            okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+        measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
+        measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
+        dense = all(s == seqs[0] for s in seqs)
+        if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
+            # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.
+            for be in ("flash", "cudnn"):
+                _measure_built(label, lambda be=be: run_sdpa(seqs, q, k, v, be), pairs, d, hq, rows, f"sdpa-{be}")
+        if dense and not args.no_flex and "window" not in kw:
+            _measure_built(label, lambda: run_flex(seqs, q, k, v), pairs, d, hq, rows, "flex")
+        if have_unified and all(b % 16 == 0 for _, b in seqs):
+            _measure_built(label, lambda: run_unified(seqs, q, k, v, cu_q, **okw), pairs, d, hq, rows, "triton-unified")
+        del q, k, v
+        torch.cuda.empty_cache()
+
+    # summary: ratios against flash on the same label, and prefix vs sq == sk
+    print("\nsummary (TFLOP/s; ratio = ours / peer)")
+    by = {}
+    for r in rows:
+        by.setdefault(r["shape"], {})[r["impl"]] = r.get("tflops")
+    for label, impls in by.items():
+        ours = impls.get("ours")
+        parts = [f"ours {ours:.0f}" if ours else "ours n/a"]
+        for peer in ("ours(device order)", "sdpa-flash", "sdpa-cudnn", "flex", "triton-unified"):
+            if impls.get(peer):
+                parts.append(f"{peer} {impls[peer]:.0f} ({ours / impls[peer]:.2f}x)" if ours else f"{peer} {impls[peer]:.0f}")
+        print(f"  {label:<38} " + ", ".join(parts))
+    eq = by.get("causal 32/8 d128 4x4k", {}).get("ours")
+    for label in by:
+        if label.startswith("prefix") and eq and by[label].get("ours"):
+            print(f"  prefix/sq==sk TFLOP/s ratio [{label}]: {by[label]['ours'] / eq:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return rows
+
+
+def _measure_built(label, build, pairs, d, hq, rows, impl):
+    try:
+        fn = build()
+    except Exception as e:
+        rows.append({"shape": label, "impl": impl, "error": f"{type(e).__name__}: {e}"[:200]})
+        print(f"  {impl:<22} unavailable: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        return
+    measure(label, fn, pairs, d, hq, rows, impl)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,212 @@
+"""Varlen prefill attention over packed KV (kernel: src/varlen_prefill.hip), torch-facing.
+
+`varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` follows DESIGN.md: bottom-right
+causal alignment (query i of a request with sq queries and sk keys sits at sk - sq + i), GQA/MQA,
+sliding window W (keys j > p - W), StreamingLLM sink tokens (keys j < S stay visible through the
+window), soft-cap, per-head sink logits (fp32, in the denominator), optional lse (fp32
+[total_q, hq], natural log, without sinks); rows with no visible key get o = 0 and lse = -inf.
+
+No host synchronisation: every check reads shapes, dtypes, strides and Python numbers. Work
+items are (request, q tile) pairs on grid y, heads on grid x. By default grid y enumerates
+ceil(max_seqlen_q / BLOCK_M) tiles for every request, last tile first (with causal masking the
+last tiles see the most keys), and CTAs past a request's end exit at once. A caller that knows
+the lengths on the host (vLLM's metadata builder does) passes `work=work_items(...)`, a list
+sorted longest first with no empty items; copy it to the device once per batch.
+
+Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off).
+Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
+are visited and which elements are masked, so they cost nothing when unused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SOURCE = "varlen_prefill.hip"
+KERNEL = "varlen_prefill"
+HEAD_DIMS = (64, 128, 256)
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile shape of one head dim (must match the kernel's defaults for that HEAD_DIM)."""
+
+    num_warps: int
+    block_n: int
+    stages: int
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.num_warps
+
+    def smem_bytes(self, head_dim: int) -> int:
+        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n)
+
+
+# H100 (docs/perf/prefill.md); sm_90a registers ~160 (d=64), ~250 (d=128, 256: Q re-read from smem), no spills.
+CONFIGS = {64: Config(8, 64, 3), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
+
+
+def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
+    from hip_kernels.runtime import Variant
+
+    cfg = cfg or CONFIGS[head_dim]
+    defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
+               "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages}
+    return Variant(SOURCE, KERNEL, defines)
+
+
+def variants() -> list:
+    """Every variant varlen_attention can request (CI compiles them all for every arch)."""
+    return [_variant(d, code, sc) for d in HEAD_DIMS for code in (0, 1) for sc in (False, True)]
+
+
+def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, window: int = 0,
+               sink_tokens: int = 0) -> torch.Tensor:
+    """Host-built work list: int32 [n, 2] of (request, q tile), most visible keys first.
+
+    `seqlens_q` / `seqlens_k` are per-request lengths known on the host (Python ints). The
+    result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking)."""
+    bm = CONFIGS[head_dim].block_m
+    items = []
+    for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
+        sq, sk = int(sq), int(sk)
+        off = sk - sq
+        for t in range(-(-sq // bm)):
+            p_first, p_last = off + t * bm, off + min((t + 1) * bm, sq) - 1
+            hi = min(sk, p_last + 1) if causal else sk
+            lo = max(0, p_first - window + 1) if window > 0 else 0
+            keys = max(0, hi - lo) + (min(sink_tokens, lo) if window > 0 else 0)
+            items.append((keys, b, t))
+    items.sort(key=lambda x: -x[0])
+    out = torch.tensor([(b, t) for _, b, t in items], dtype=torch.int32)
+    return out.reshape(-1, 2)
+
+
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}")
+    es = t.element_size()
+    if any((st * es) % 16 for st in t.stride()[:-1]) or t.data_ptr() % 16:
+        raise ValueError(f"{name}: the kernel copies 16-byte vectors; strides {t.stride()} x {es} bytes "
+                         "and the data pointer must be multiples of 16")
+
+
+def _check_cu(name: str, t, device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q is on {device}")
+    if t.shape[0] < 1:
+        raise ValueError(f"{name} needs batch + 1 entries")
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
+                     scale: float | None = None, causal: bool = True, window: int = 0, sink_tokens: int = 0,
+                     sinks: torch.Tensor | None = None, softcap: float = 0.0, out: torch.Tensor | None = None,
+                     return_lse: bool = False, work: torch.Tensor | None = None,
+                     lse_out: torch.Tensor | None = None):
+    """Attention of packed varlen queries q [total_q, hq, d] over packed k, v [total_kv, hk, d].
+
+    Returns out (q's dtype, [total_q, hq, d]), or (out, lse) with return_lse (lse fp32
+    [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints (upper bounds of the lengths).
+    work: optional device int32 [n, 2] from work_items() (host lengths, longest first).
+    lse_out: optional preallocated fp32 [total_q, hq] for the lse (implies return_lse)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be [total_q, num_q_heads, head_dim], got {getattr(q, 'shape', q)}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is unsupported (bfloat16 or float16)")
+    total_q, hq, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d} is unsupported by the varlen prefill kernel ({HEAD_DIMS})")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be [total_kv, num_kv_heads, head_dim], got {getattr(t, 'shape', t)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} dtype {t.dtype} differs from q's {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    total_kv, hk, dk = k.shape
+    if dk != d:
+        raise ValueError(f"k/v head_dim {dk} != q head_dim {d}")
+    if hk <= 0 or hq % hk:
+        raise ValueError(f"num_q_heads={hq} is not a multiple of num_kv_heads={hk}")
+    _check_cu("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu("cu_seqlens_k", cu_seqlens_k, q.device)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cu_seqlens_k {cu_seqlens_k.shape[0]}")
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise ValueError(f"{name} must be a non-negative Python int, got {x!r}")
+    if max(total_q, total_kv, max_seqlen_k) >= 2**31:
+        raise ValueError("token counts must stay below 2**31 (row indices are int32; offsets are 64-bit)")
+    for name, x in (("window", window), ("sink_tokens", sink_tokens)):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {x!r}")
+    softcap = float(softcap)
+    if not softcap >= 0.0 or math.isinf(softcap):
+        raise ValueError(f"softcap must be a finite float >= 0, got {softcap}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not scale > 0.0 or math.isinf(scale):
+        raise ValueError(f"scale must be a finite float > 0, got {scale}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32 or tuple(sinks.shape) != (hq,) \
+                or not sinks.is_contiguous():
+            raise ValueError(f"sinks must be contiguous float32 [num_q_heads={hq}], got "
+                             f"{getattr(sinks, 'dtype', type(sinks))} {tuple(getattr(sinks, 'shape', ()))}")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks is on {sinks.device}, q is on {q.device}")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} on {q.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        _check_aligned(name, t)
+    if lse_out is not None:
+        if lse_out.dtype != torch.float32 or tuple(lse_out.shape) != (total_q, hq) or not lse_out.is_contiguous() \
+                or lse_out.device != q.device:
+            raise ValueError(f"lse_out must be contiguous float32 [{total_q}, {hq}] on {q.device}")
+        return_lse = True
+    lse = lse_out if lse_out is not None else \
+        torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
+    cfg = CONFIGS[d]
+    if work is not None:
+        if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
+                or work.shape[1] != 2 or not work.is_contiguous():
+            raise ValueError("work must be a contiguous int32 [n, 2] tensor from work_items()")
+        if work.device != q.device:
+            raise ValueError(f"work is on {work.device}, q is on {q.device}; copy it to the device once per batch")
+        n_y, max_tiles = work.shape[0], 0
+    else:
+        max_tiles = -(-max_seqlen_q // cfg.block_m)
+        n_y = max_tiles * batch
+    if hq > 2**31 - 1 or n_y > 65535:
+        raise ValueError(f"{n_y} work items exceed the grid's y limit (65535): split the batch")
+    if total_q == 0 or batch == 0 or n_y == 0:
+        return (out, lse.fill_(float("-inf"))) if return_lse else out
+
+    from hip_kernels import runtime
+
+    kern = runtime.load(_variant(d, _DTYPES[q.dtype], softcap > 0, cfg), q.device)
+    wsize = runtime.warp_size(kern.compiled.arch)
+    if softcap > 0:
+        a, c = scale / softcap, softcap * _LOG2E
+    else:
+        a, c = scale * _LOG2E, 0.0
+    kern((hq, n_y), cfg.num_warps * wsize,
+         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
+         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+         batch, hq // hk, max_tiles, int(causal), window, sink_tokens, runtime.f32(a), runtime.f32(c),
+         shared_mem=cfg.smem_bytes(d))
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["varlen_attention", "variants", "work_items", "CONFIGS", "HEAD_DIMS"]

@@ -1,0 +1,355 @@
+// Varlen prefill attention over packed KV (DESIGN.md: every visibility rule, sinks, lse).
+//
+// FlashAttention-2 structure on the portable tile layer (atom_mma.h):
+//   CTA = (query head h, work item (request b, q tile t)), grid (hq, work items). NW warps, each
+//   owns 16 query rows of the BLOCK_M = 16 * NW rows of the tile; Q lives in registers.
+//   K/V tiles of BLOCK_N keys go through a STAGES-deep shared-memory ring (cp.async on NVIDIA),
+//   rows swizzled in 16-byte chunks (chunk ^ (row & 7)) so ldmatrix reads are conflict-free.
+//   One block barrier per KV tile: after it, every warp is done with the stage the next copy
+//   overwrites.
+// Work is proportional to visible pairs: the CTA walks only the KV tiles its rows can see (the
+// StreamingLLM sink-token tiles, then the causal/window band); a warp skips a tile that is fully
+// masked for its own 16 rows, and masks elements only on tiles that are partly visible.
+// Online softmax in log2 units (exp2), fp32 accumulation; the per-head sink logit joins the
+// denominator at the end: o = acc / (l + 2^(s_h*log2e - m)).
+// Work order: heads on grid x (the GQA heads of one KV head run side by side, sharing its tiles
+// in L2), then either a host-sorted list of (b, t) items (longest first), or, with no list,
+// q tiles from the last to the first (causal: longest first) for every request.
+//
+// Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1),
+//          tuning: NUM_WARPS, BLOCK_N, STAGES, MIN_BLOCKS, Q_IN_REGS.
+
+#include "atom_mma.h"
+
+#ifndef DTYPE
+#define DTYPE 0
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef NUM_WARPS
+#define NUM_WARPS 8
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N (HEAD_DIM > 128 ? 32 : 64)
+#endif
+#ifndef STAGES
+#define STAGES (HEAD_DIM > 128 ? 2 : 3)
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS (HEAD_DIM <= 128)
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+namespace atom_prefill {
+
+using namespace atom;
+using atom::mma::acc_t;
+using atom::mma::op_t;
+
+#if DTYPE == 0
+typedef bf16_t DT;
+#else
+typedef f16_t DT;
+#endif
+
+constexpr int D = HEAD_DIM;
+constexpr int NW = NUM_WARPS;
+constexpr int BM = 16 * NW;
+constexpr int BN = BLOCK_N;
+constexpr int NST = STAGES;
+constexpr int NT = NW * ATOM_WARP_SIZE;
+constexpr int CPR = D / 8;  // 16-byte chunks per row
+static_assert(D % 16 == 0 && D >= 64, "head_dim must be a multiple of 16, at least 64 (8 chunks for the swizzle)");
+static_assert(BN % 16 == 0, "BLOCK_N must be a multiple of 16");
+static_assert(NST >= 2, "the copy ring needs two stages");
+static_assert((BN * CPR) % NT == 0 && (BM * CPR) % NT == 0, "copies must spread evenly over the threads");
+constexpr int TILE_ELEMS = BN * D;
+constexpr int SMEM_ELEMS = BM * D + NST * 2 * TILE_ELEMS;
+
+ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
+ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
+
+// Element offset of (row, col) in a [rows][D] shared block, 16-byte chunks XOR-swizzled.
+ATOM_DEV int swz(int row, int col) { return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
+
+// rows x D elements from global rows [row0, row0 + rows) (rows >= limit are zero-filled).
+template <int ROWS>
+ATOM_DEV void copy_rows(u16* dst, const u16* __restrict__ src, i64 row_stride, int row0, int limit) {
+  constexpr int PER = ROWS * CPR / NT;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int c = (int)tid_x() + i * NT;
+    const int r = c / CPR, ch = c % CPR;
+    const int gr = row0 + r;
+    const bool ok = gr < limit;
+    const u16* s = src + (i64)(ok ? gr : 0) * row_stride + ch * 8;
+    mma::cp_async16(dst + swz(r, ch * 8), s, ok);
+  }
+}
+
+#if SOFTCAP
+// c * tanh(x) with tanh from exp2 (|error| ~1e-6 relative, far under bf16 rounding).
+ATOM_DEV float softcap_fn(float x, float c) {
+  const float ax = fmin_(x < 0.f ? -x : x, 15.f);
+  const float e = exp2_(ax * (2.f * kLog2e));
+  const float t = 1.f - 2.f / (e + 1.f);
+  return c * (x < 0.f ? -t : t);
+}
+#endif
+
+}  // namespace atom_prefill
+
+using namespace atom_prefill;
+
+// q [*, hq, D], k/v [*, hk, D], o like q (strides in elements, last dim contiguous);
+// lse [total_q, hq] fp32 or null; sinks [hq] fp32 or null; work [n, 2] int32 (b, t) or null.
+// a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NT, MIN_BLOCKS)
+varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+               u16* __restrict__ o, float* __restrict__ lse, const i32* __restrict__ cu_q,
+               const i32* __restrict__ cu_k, const i32* __restrict__ work, const float* __restrict__ sinks,
+               i64 q_st, i64 q_sh, i64 k_st, i64 k_sh, i64 v_st, i64 v_sh, i64 o_st, i64 o_sh,
+               i64 batch, i64 q_per_kv, i64 max_tiles, i64 causal_i, i64 window_i, i64 sink_tok_i,
+               float a_log2, float c_log2) {
+#if ATOM_NVIDIA
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+#else
+  extern __shared__ unsigned char smem_raw[];
+#endif
+  u16* sQ = reinterpret_cast<u16*>(smem_raw);
+  u16* sKV = sQ + BM * D;
+
+  const int h = (int)bid_x();
+  int b, t;
+  if (work != nullptr) {
+    b = work[2 * bid_y()];
+    t = work[2 * bid_y() + 1];
+  } else {
+    const int y = (int)bid_y();
+    b = y % (int)batch;
+    t = (int)max_tiles - 1 - y / (int)batch;
+  }
+  const int q0 = cu_q[b], sq = cu_q[b + 1] - q0;
+  const int k0 = cu_k[b], sk = cu_k[b + 1] - k0;
+  const int m0 = t * BM;
+  if (m0 >= sq) return;
+  const int g = h / (int)q_per_kv;
+  const bool causal = causal_i != 0;
+  const int W = (int)window_i, S = (int)sink_tok_i;
+
+  const u16* qb = q + (i64)q0 * q_st + (i64)h * q_sh;
+  const u16* kb = k + (i64)k0 * k_st + (i64)g * k_sh;
+  const u16* vb = v + (i64)k0 * v_st + (i64)g * v_sh;
+
+  // KV tiles of this CTA: sink-token tiles, then the band [lo_key, hi_key).
+  const int off = sk - sq;  // query row i sits at key position off + i
+  const int p_first = off + m0, p_last = off + imin(m0 + BM, sq) - 1;
+  const int hi_key = causal ? imin(sk, p_last + 1) : sk;
+  const int lo_key = W > 0 ? imax(0, p_first - W + 1) : 0;
+  int n_sink = 0, first = 0, last = 0;
+  if (hi_key > 0) {
+    last = (hi_key + BN - 1) / BN;
+    n_sink = (W > 0 && S > 0) ? imin((S + BN - 1) / BN, last) : 0;
+    first = imax(n_sink, lo_key / BN);
+  }
+  const int n_iter = n_sink + imax(0, last - first);
+
+  copy_rows<BM>(sQ, qb, q_st, m0, sq);
+  mma::cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < NST - 1; ++s) {
+    if (s < n_iter) {
+      const int kt = s < n_sink ? s : first + (s - n_sink);
+      copy_rows<BN>(sKV + (2 * s) * TILE_ELEMS, kb, k_st, kt * BN, sk);
+      copy_rows<BN>(sKV + (2 * s + 1) * TILE_ELEMS, vb, v_st, kt * BN, sk);
+    }
+    mma::cp_async_commit();
+  }
+
+  const int warp = (int)(tid_x() / ATOM_WARP_SIZE);
+  const int wr0 = m0 + 16 * warp;                  // first query row of this warp
+  const int wp_first = off + wr0, wp_last = off + wr0 + 15;
+  const bool warp_live = wr0 < sq;
+  const u16* sQw = sQ + 16 * warp * D;
+
+  // Q fragments stay in registers for d <= 128; d = 256 re-reads them from shared memory per
+  // tile (ldmatrix), which leaves registers for the accumulator instead of spilling.
+  op_t qf[Q_IN_REGS ? D / 16 : 1];
+  acc_t oacc[D / 16];
+#pragma unroll
+  for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
+  float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
+#pragma unroll
+  for (int s = 0; s < acc_t::row_slots; ++s) {
+    m_run[s] = neg_inf();
+    l_run[s] = 0.f;
+  }
+#if SOFTCAP
+  constexpr bool kSoftcap = true;
+#else
+  constexpr bool kSoftcap = false;
+#endif
+  const float a_eff = kSoftcap ? 1.f : a_log2;
+
+  for (int it = 0; it < n_iter; ++it) {
+    mma::cp_async_wait<NST - 2>();
+    sync_block();
+#if Q_IN_REGS
+    if (it == 0) {
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc)
+        mma::load_rows(qf[kc], [&](int r, int c) { return sQw + swz(r, kc * 16 + c); });
+    }
+#endif
+    {
+      const int nx = it + NST - 1;
+      if (nx < n_iter) {
+        const int st = nx % NST;
+        const int kt = nx < n_sink ? nx : first + (nx - n_sink);
+        copy_rows<BN>(sKV + (2 * st) * TILE_ELEMS, kb, k_st, kt * BN, sk);
+        copy_rows<BN>(sKV + (2 * st + 1) * TILE_ELEMS, vb, v_st, kt * BN, sk);
+      }
+      mma::cp_async_commit();
+    }
+    const int kt = it < n_sink ? it : first + (it - n_sink);
+    const int j0 = kt * BN, j1 = j0 + BN;  // keys [j0, j1) of this tile
+    // Fully masked for this warp's rows: beyond causality, or below the window and no sink token.
+    const bool skip = !warp_live || (causal && j0 > wp_last) || (W > 0 && j1 - 1 <= wp_first - W && j0 >= S);
+    if (skip) continue;
+    const bool need_mask = j1 > sk || (causal && j1 - 1 > wp_first) || (W > 0 && j0 <= wp_last - W && j1 > S);
+    const u16* sK = sKV + (2 * (it % NST)) * TILE_ELEMS;
+    const u16* sV = sK + TILE_ELEMS;
+
+    // S = Q K^T
+    acc_t sacc[BN / 16];
+#pragma unroll
+    for (int nt = 0; nt < BN / 16; ++nt) mma::zero(sacc[nt]);
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+#if Q_IN_REGS
+      const op_t& qk = qf[kc];
+#else
+      op_t qk;
+      mma::load_rows(qk, [&](int r, int c) { return sQw + swz(r, kc * 16 + c); });
+#endif
+#pragma unroll
+      for (int nt = 0; nt < BN / 16; ++nt) {
+        op_t kf;
+        mma::load_rows(kf, [&](int r, int c) { return sK + swz(nt * 16 + r, kc * 16 + c); });
+        mma::mma<DT>(sacc[nt], qk, kf);
+      }
+    }
+
+#if SOFTCAP
+#pragma unroll
+    for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = softcap_fn(sacc[nt].x[e] * a_log2, c_log2);
+#endif
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e) {
+          const int j = j0 + nt * 16 + acc_t::get_j(e);
+          const int p = wp_first + acc_t::get_i(e);
+          const bool vis = j < sk && (!causal || j <= p) && (W <= 0 || j > p - W || j < S);
+          if (!vis) sacc[nt].x[e] = neg_inf();
+        }
+    }
+
+    // Online softmax (log2 units): new running max per row, rescale, exponentiate.
+    float mt[acc_t::row_slots], alpha[acc_t::row_slots], msc[acc_t::row_slots];
+#pragma unroll
+    for (int s = 0; s < acc_t::row_slots; ++s) mt[s] = m_run[s];
+#pragma unroll
+    for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; ++e) {
+        const int s = acc_t::row_slot(e);
+        mt[s] = fmax_(mt[s], sacc[nt].x[e]);
+      }
+#pragma unroll
+    for (int s = 0; s < acc_t::row_slots; ++s) {
+      mt[s] = acc_t::row_max(mt[s]);
+      // A row with nothing visible yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
+      msc[s] = mt[s] == neg_inf() ? 0.f : mt[s] * a_eff;
+      alpha[s] = exp2_(m_run[s] * a_eff - msc[s]);
+      m_run[s] = mt[s];
+      l_run[s] *= alpha[s];
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= alpha[acc_t::row_slot(e)];
+    op_t pf[BN / 16];
+#pragma unroll
+    for (int nt = 0; nt < BN / 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; ++e) {
+        const int s = acc_t::row_slot(e);
+        const float pv = exp2_(sacc[nt].x[e] * a_eff - msc[s]);
+        sacc[nt].x[e] = pv;
+        l_run[s] += pv;
+      }
+      mma::to_operand<DT>(pf[nt], sacc[nt]);
+    }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        op_t vf;
+        mma::load_cols(vf, [&](int r, int c) { return sV + swz(kk * 16 + r, dt * 16 + c); });
+        mma::mma<DT>(oacc[dt], pf[kk], vf);
+      }
+    }
+  }
+
+  // Epilogue: normalise (sink in the denominator), lse, stage O through this warp's Q rows.
+  mma::cp_async_wait<0>();
+  sync_block();
+  float inv[acc_t::row_slots];
+#pragma unroll
+  for (int s = 0; s < acc_t::row_slots; ++s) {
+    const float l = acc_t::row_sum(l_run[s]);
+    const int row = wr0 + acc_t::slot_row(s);
+    float lse_v = neg_inf();
+    inv[s] = 0.f;
+    if (l > 0.f) {
+      const float m2 = m_run[s] * a_eff;
+      lse_v = (m2 + log2_(l)) * kLn2;
+      float den = l;
+      if (sinks != nullptr) den += exp2_(sinks[h] * kLog2e - m2);
+      inv[s] = 1.f / den;
+    }
+    if (lse != nullptr && acc_t::row_leader() && row < sq) lse[(i64)(q0 + row) * (i64)gdim_x() + h] = lse_v;
+  }
+  u16* sO = const_cast<u16*>(sQw);
+#pragma unroll
+  for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+    for (int e = 0; e < acc_t::ne; e += 2) {
+      const float f = inv[acc_t::row_slot(e)];
+      const u32 w = pack2(DT{}, oacc[dt].x[e] * f, oacc[dt].x[e + 1] * f);
+      *reinterpret_cast<u32*>(sO + swz(acc_t::get_i(e), dt * 16 + acc_t::get_j(e))) = w;
+    }
+  mma::warp_sync();
+  const int lane = (int)lane_id();
+#pragma unroll
+  for (int i = 0; i < 16 * CPR / ATOM_WARP_SIZE; ++i) {
+    const int c = lane + i * ATOM_WARP_SIZE;
+    const int r = c / CPR, ch = c % CPR;
+    if (wr0 + r < sq) {
+      u16* dst = o + (i64)(q0 + wr0 + r) * o_st + (i64)h * o_sh + ch * 8;
+      store16(dst, load16(sO + swz(r, ch * 8)));
+    }
+  }
+}
