@@ -59,7 +59,7 @@ def default_config(head_pad: int, group: int, max_seqlen_q: int, interpret: bool
     if max_seqlen_q * group <= 64:
         # decode / speculative decode: memory bound, few rows; K/V streaming dominates
         bm = max(16, _next_pow2(min(group, 64) * max(1, max_seqlen_q)))
-        bn = 64 if head_pad <= 128 else 32
+        bn = {64: 64, 128: 128}.get(head_pad, 64 if head_pad < 128 else 32)
         return TileConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=3)
     if head_pad <= 64:
         # a short window leaves few key tiles per q tile: narrower tiles waste less on masks
