@@ -214,21 +214,30 @@ class _Toolchain:
 class _Nvrtc(_Toolchain):
     name = "nvrtc"
 
+    _MISSING = ("NVRTC is not available (cuda-bindings / nvidia-cuda-nvrtc missing): "
+                "pip install atom-backend[cuda]")
+
     def __init__(self):
+        # Only look: importing cuda.bindings.nvrtc costs ~90 ms on some machines, and a cache
+        # hit never needs it.
         try:
-            nvrtc = importlib.import_module("cuda.bindings.nvrtc")
-        except ImportError as e:
-            raise ToolchainMissingError(
-                "NVRTC is not available (cuda-bindings / nvidia-cuda-nvrtc missing): "
-                "pip install atom-backend[cuda]"
-            ) from e
-        self.nvrtc = nvrtc
+            found = importlib.util.find_spec("cuda.bindings.nvrtc") is not None
+        except (ImportError, ValueError, AttributeError):
+            found = False
+        if not found:
+            raise ToolchainMissingError(self._MISSING)
+        self.nvrtc = None
         self._version: str | None = None
         self._loaded = False
         self._inc: str | None = None
 
     def _load(self) -> str:
-        """Load libnvrtc (~40 ms) and return its version; only compiles need it."""
+        """Import the bindings, load libnvrtc (~40 ms) and return its version; compiles need it."""
+        if self.nvrtc is None:
+            try:
+                self.nvrtc = importlib.import_module("cuda.bindings.nvrtc")
+            except ImportError as e:
+                raise ToolchainMissingError(self._MISSING) from e
         nv = self.nvrtc
         try:
             err, major, minor = nv.nvrtcVersion()
