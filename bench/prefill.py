@@ -140,6 +140,15 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
     return fn
 
 
+SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "gpt-oss 64/8 d64 sinks+win128 4x4k",
+                "prefix sk=4sq 32/8 d128 16x1k/4k")
+C = prefill.Config
+SWEEP = {
+    128: [C(8, 64, 2), C(4, 64, 2, 2), C(8, 32, 3, 2), C(4, 64, 3)],
+    64: [C(8, 64, 3), C(4, 64, 2, 2), C(4, 32, 3, 2), C(4, 64, 3), C(8, 128, 3)],
+}
+
+
 def measure(label, fn, pairs, d, hq, rows, impl):
     try:
         fn()
@@ -158,6 +167,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the 4k shapes only")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs of our kernel")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     print(f"device: {device_name()}  torch {torch.__version__}")
@@ -189,6 +199,13 @@ def main(argv=None):
             okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
+        if args.sweep and label in SWEEP_SHAPES:
+            base = prefill.CONFIGS[d]
+            for cfg in SWEEP[d]:
+                prefill.CONFIGS[d] = cfg
+                measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
+                        f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages}")
+            prefill.CONFIGS[d] = base
         dense = all(s == seqs[0] for s in seqs)
         if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
             # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.

@@ -39,17 +39,19 @@ class Config:
     num_warps: int
     block_n: int
     stages: int
+    warp_m_tiles: int = 1  # 16-row tiles per warp: >1 reuses each K/V fragment for more rows
 
     @property
     def block_m(self) -> int:
-        return 16 * self.num_warps
+        return 16 * self.warp_m_tiles * self.num_warps
 
     def smem_bytes(self, head_dim: int) -> int:
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n)
 
 
-# H100 (docs/perf/prefill.md); sm_90a registers ~160 (d=64), ~250 (d=128, 256: Q re-read from smem), no spills.
-CONFIGS = {64: Config(8, 64, 3), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
+# Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: 255 (d=64, two
+# row tiles per warp), ~222 (d=128), ~250 (d=256, Q re-read from shared memory); no spills.
+CONFIGS = {64: Config(8, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
 
 
 def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
@@ -57,7 +59,8 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
 
     cfg = cfg or CONFIGS[head_dim]
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
-               "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages}
+               "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
+               "WARP_M_TILES": cfg.warp_m_tiles}
     return Variant(SOURCE, KERNEL, defines)
 
 

@@ -209,3 +209,13 @@ def test_compiles_without_spills(arch, tmp_path, monkeypatch):
         assert use.get("spill_stores", 0) == 0 and use.get("spill_loads", 0) == 0, use
     else:
         assert use.get("vgpr_spills", 0) == 0, use
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [(4, 32, 3, 2), (4, 64, 2, 2), (8, 64, 2, 2)], ids=lambda c: "w{}n{}s{}m{}".format(*c))
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks", "empty_seqs"])
+def test_other_tile_configs(name, cfg, monkeypatch):
+    # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, etc.
+    seqs, hq, hk, d, kw = CASES[name]
+    monkeypatch.setitem(prefill.CONFIGS, d, prefill.Config(*cfg))
+    _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=3)

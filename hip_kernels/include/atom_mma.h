@@ -9,8 +9,8 @@
 //                      stored row-major, in the one "canonical" register layout that serves
 //                      both as the left operand A (M x K) and the right operand given by rows
 //                      B (N x K): mma(c, a, b) is c += a * b^T.
-// Callers never do lane math: they hand the loaders an address function addr(row, col) of the
-// block in shared memory (which may swizzle), and read results through get_i / get_j.
+// Callers never do lane math: operands come from swizzled<ROW> shared-memory blocks through
+// load_rows / load_cols (tile origin in, fragments out), results are read through get_i / get_j.
 // The accumulator layout equals the operand layout (after packing pairs), so an fp32 result can
 // become the left operand of the next product in registers: to_operand(c) (attention's P = S).
 //
@@ -55,6 +55,17 @@ ATOM_DEV void warp_sync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#endif
+}
+
+// True when pred holds on any lane of the warp (a warp-uniform branch condition).
+ATOM_DEV bool warp_any(bool pred) {
+#if ATOM_NVIDIA
+  return __any_sync(0xffffffffu, pred) != 0;
+#elif ATOM_WARP_SIZE == 64
+  return __builtin_amdgcn_ballot_w64(pred) != 0;
+#else
+  return __builtin_amdgcn_ballot_w32(pred) != 0;
 #endif
 }
 
@@ -161,49 +172,65 @@ ATOM_DEV void to_operand(op_t& a, const acc_t& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Loads from shared memory. addr(row, col) returns the element's address; the loaders only ask
-// for col multiples of 4 and rely on 8 consecutive columns (from a multiple of 8) being
-// contiguous, so 16-byte-granular swizzles are allowed.
+// Shared-memory blocks: rows of ROW 16-bit elements, 16-byte chunks XOR-swizzled by (row & 7), so
+// the 8-row accesses of ldmatrix (and of the MFMA loads) hit 8 different bank groups.
 // ---------------------------------------------------------------------------------------------
-// Block stored row-major [16 rows][16 cols] -> canonical operand.
-template <class Addr>
-ATOM_DEV void load_rows(op_t& t, Addr addr) {
-#if ATOM_MMA_SYNC
+template <int ROW>
+struct swizzled {
+  static_assert(ROW % 64 == 0, "rows of at least 8 chunks of 16 bytes");
+  static ATOM_DEV int off(int row, int col) { return row * ROW + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
+  // For R % 8 == 0, C % 16 == 0 and col_in_tile < 16: off(R + r, C + c) == R * ROW + (off(r, c) ^ C).
+  // The loaders compute off(r, c) of the lane once; each tile then costs one XOR, not a live
+  // register per (R, C).
+  static ATOM_DEV int at(int lane_off, int R, int C) { return R * ROW + (lane_off ^ C); }
+};
+
+// 16x16 block at (R, C) of a swizzled [rows][ROW] block, stored row-major -> canonical operand.
+template <int ROW>
+ATOM_DEV void load_rows(op_t& t, const u16* base, int R, int C) {
   const int l = (int)lane_id();
-  const u32 p = (u32)__cvta_generic_to_shared(addr(l & 15, (l >> 4) * 8));
+#if ATOM_MMA_SYNC
+  const int lo = swizzled<ROW>::off(l & 15, (l >> 4) * 8);
+  const u32 p = (u32)__cvta_generic_to_shared(base + swizzled<ROW>::at(lo, R, C));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(t.x[0]), "=r"(t.x[1]), "=r"(t.x[2]), "=r"(t.x[3])
                : "r"(p));
 #elif ATOM_MFMA
-  const int l = (int)lane_id();
-  u32x2 v = load8(addr(l & 15, (l >> 4) * 4));
+  const int lo = swizzled<ROW>::off(l & 15, (l >> 4) * 4);
+  u32x2 v = load8(base + swizzled<ROW>::at(lo, R, C));
   t.x[0] = v.x;
   t.x[1] = v.y;
 #else
-  (void)addr;
+  (void)l; (void)base; (void)R; (void)C;
 #pragma unroll
   for (int k = 0; k < op_t::ne; ++k) t.x[k] = 0u;
 #endif
 }
 
-// Block stored transposed, [16 k][16 n] (e.g. V as [key][dim]) -> canonical N x K operand.
-template <class Addr>
-ATOM_DEV void load_cols(op_t& t, Addr addr) {
+// 16x16 block at (R, C) stored transposed, [16 k][16 n] (e.g. V as [key][dim]) -> canonical
+// N x K operand.
+template <int ROW>
+ATOM_DEV void load_cols(op_t& t, const u16* base, int R, int C) {
+  const int l = (int)lane_id();
 #if ATOM_MMA_SYNC
-  const int l = (int)lane_id(), m = l >> 3;
-  const u32 p = (u32)__cvta_generic_to_shared(addr((m >> 1) * 8 + (l & 7), (m & 1) * 8));
+  const int m = l >> 3;
+  const int lo = swizzled<ROW>::off((m >> 1) * 8 + (l & 7), (m & 1) * 8);
+  const u32 p = (u32)__cvta_generic_to_shared(base + swizzled<ROW>::at(lo, R, C));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(t.x[0]), "=r"(t.x[1]), "=r"(t.x[2]), "=r"(t.x[3])
                : "r"(p));
 #elif ATOM_MFMA
-  const int l = (int)lane_id(), n = l & 15, k0 = (l >> 4) * 4;
+  const int n = l & 15, k0 = (l >> 4) * 4;
   u32 e[4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) e[r] = *reinterpret_cast<const u16*>(addr(k0 + r, n));
+  for (int r = 0; r < 4; ++r) {
+    const int lo = swizzled<ROW>::off(k0 + r, n);
+    e[r] = base[swizzled<ROW>::at(lo, R, C)];
+  }
   t.x[0] = e[0] | (e[1] << 16);
   t.x[1] = e[2] | (e[3] << 16);
 #else
-  (void)addr;
+  (void)l; (void)base; (void)R; (void)C;
 #pragma unroll
   for (int k = 0; k < op_t::ne; ++k) t.x[k] = 0u;
 #endif

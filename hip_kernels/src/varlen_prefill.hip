@@ -2,7 +2,8 @@
 //
 // FlashAttention-2 structure on the portable tile layer (atom_mma.h):
 //   CTA = (query head h, work item (request b, q tile t)), grid (hq, work items). NW warps, each
-//   owns 16 query rows of the BLOCK_M = 16 * NW rows of the tile; Q lives in registers.
+//   owns 16 * MT query rows of the BLOCK_M = 16 * MT * NW rows of the tile (MT > 1 lets every
+//   K/V fragment read from shared memory feed MT MMAs); Q lives in registers when it fits.
 //   K/V tiles of BLOCK_N keys go through a STAGES-deep shared-memory ring (cp.async on NVIDIA),
 //   rows swizzled in 16-byte chunks (chunk ^ (row & 7)) so ldmatrix reads are conflict-free.
 //   One block barrier per KV tile: after it, every warp is done with the stage the next copy
@@ -17,7 +18,8 @@
 // q tiles from the last to the first (causal: longest first) for every request.
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1),
-//          tuning: NUM_WARPS, BLOCK_N, STAGES, MIN_BLOCKS, Q_IN_REGS.
+//          tuning: NUM_WARPS, WARP_M_TILES (16-row tiles per warp), BLOCK_N, STAGES, MIN_BLOCKS,
+//          Q_IN_REGS.
 
 #include "atom_mma.h"
 
@@ -39,8 +41,11 @@
 #ifndef STAGES
 #define STAGES (HEAD_DIM > 128 ? 2 : 3)
 #endif
+#ifndef WARP_M_TILES
+#define WARP_M_TILES 1
+#endif
 #ifndef Q_IN_REGS
-#define Q_IN_REGS (HEAD_DIM <= 128)
+#define Q_IN_REGS (HEAD_DIM * WARP_M_TILES <= 128)
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
@@ -60,7 +65,9 @@ typedef f16_t DT;
 
 constexpr int D = HEAD_DIM;
 constexpr int NW = NUM_WARPS;
-constexpr int BM = 16 * NW;
+constexpr int MT = WARP_M_TILES;  // 16-row tiles per warp
+constexpr int WR = 16 * MT;       // query rows per warp
+constexpr int BM = WR * NW;
 constexpr int BN = BLOCK_N;
 constexpr int NST = STAGES;
 constexpr int NT = NW * ATOM_WARP_SIZE;
@@ -75,8 +82,8 @@ constexpr int SMEM_ELEMS = BM * D + NST * 2 * TILE_ELEMS;
 ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
 ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
 
-// Element offset of (row, col) in a [rows][D] shared block, 16-byte chunks XOR-swizzled.
-ATOM_DEV int swz(int row, int col) { return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
+typedef mma::swizzled<D> SL;  // every shared block: [rows][D], 16-byte chunks swizzled
+ATOM_DEV int swz(int row, int col) { return SL::off(row, col); }
 
 // rows x D elements from global rows [row0, row0 + rows) (rows >= limit are zero-filled).
 template <int ROWS>
@@ -173,22 +180,25 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   }
 
   const int warp = (int)(tid_x() / ATOM_WARP_SIZE);
-  const int wr0 = m0 + 16 * warp;                  // first query row of this warp
-  const int wp_first = off + wr0, wp_last = off + wr0 + 15;
+  const int wr0 = m0 + WR * warp;                  // first query row of this warp
+  const int wp_first = off + wr0, wp_last = off + wr0 + WR - 1;
   const bool warp_live = wr0 < sq;
-  const u16* sQw = sQ + 16 * warp * D;
+  const u16* sQw = sQ + WR * warp * D;
 
-  // Q fragments stay in registers for d <= 128; d = 256 re-reads them from shared memory per
-  // tile (ldmatrix), which leaves registers for the accumulator instead of spilling.
-  op_t qf[Q_IN_REGS ? D / 16 : 1];
-  acc_t oacc[D / 16];
+  // Q fragments stay in registers when they fit (Q_IN_REGS), else they are re-read from shared
+  // memory per tile (ldmatrix), which leaves the registers to the accumulators.
+  op_t qf[MT][Q_IN_REGS ? D / 16 : 1];
+  acc_t oacc[MT][D / 16];
+  float m_run[MT][acc_t::row_slots], l_run[MT][acc_t::row_slots];
 #pragma unroll
-  for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
-  float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int s = 0; s < acc_t::row_slots; ++s) {
-    m_run[s] = neg_inf();
-    l_run[s] = 0.f;
+    for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[mt][dt]);
+#pragma unroll
+    for (int s = 0; s < acc_t::row_slots; ++s) {
+      m_run[mt][s] = neg_inf();
+      l_run[mt][s] = 0.f;
+    }
   }
 #if SOFTCAP
   constexpr bool kSoftcap = true;
@@ -203,8 +213,10 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #if Q_IN_REGS
     if (it == 0) {
 #pragma unroll
-      for (int kc = 0; kc < D / 16; ++kc)
-        mma::load_rows(qf[kc], [&](int r, int c) { return sQw + swz(r, kc * 16 + c); });
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc)
+          mma::load_rows<D>(qf[mt][kc], sQw, mt * 16, kc * 16);
     }
 #endif
     {
@@ -226,89 +238,110 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     const u16* sK = sKV + (2 * (it % NST)) * TILE_ELEMS;
     const u16* sV = sK + TILE_ELEMS;
 
-    // S = Q K^T
-    acc_t sacc[BN / 16];
+    // S = Q K^T: each K fragment serves the warp's MT row tiles.
+    acc_t sacc[MT][BN / 16];
 #pragma unroll
-    for (int nt = 0; nt < BN / 16; ++nt) mma::zero(sacc[nt]);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 16; ++nt) mma::zero(sacc[mt][nt]);
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) {
 #if Q_IN_REGS
-      const op_t& qk = qf[kc];
+      const op_t* qk[MT];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) qk[mt] = &qf[mt][kc];
 #else
-      op_t qk;
-      mma::load_rows(qk, [&](int r, int c) { return sQw + swz(r, kc * 16 + c); });
+      op_t qt[MT];
+      const op_t* qk[MT];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma::load_rows<D>(qt[mt], sQw, mt * 16, kc * 16);
+        qk[mt] = &qt[mt];
+      }
 #endif
 #pragma unroll
       for (int nt = 0; nt < BN / 16; ++nt) {
         op_t kf;
-        mma::load_rows(kf, [&](int r, int c) { return sK + swz(nt * 16 + r, kc * 16 + c); });
-        mma::mma<DT>(sacc[nt], qk, kf);
+        mma::load_rows<D>(kf, sK, nt * 16, kc * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma::mma<DT>(sacc[mt][nt], *qk[mt], kf);
       }
     }
 
+    op_t pf[MT][BN / 16];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
 #if SOFTCAP
 #pragma unroll
-    for (int nt = 0; nt < BN / 16; ++nt)
+      for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-      for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = softcap_fn(sacc[nt].x[e] * a_log2, c_log2);
+        for (int e = 0; e < acc_t::ne; ++e) sacc[mt][nt].x[e] = softcap_fn(sacc[mt][nt].x[e] * a_log2, c_log2);
 #endif
-    if (need_mask) {
+      if (need_mask) {
+        const int p0 = wp_first + 16 * mt;
+#pragma unroll
+        for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+          for (int e = 0; e < acc_t::ne; ++e) {
+            const int j = j0 + nt * 16 + acc_t::get_j(e);
+            const int p = p0 + acc_t::get_i(e);
+            const bool vis = j < sk && (!causal || j <= p) && (W <= 0 || j > p - W || j < S);
+            if (!vis) sacc[mt][nt].x[e] = neg_inf();
+          }
+      }
+
+      // Online softmax (log2 units): new running max per row, rescale, exponentiate.
+      float mx[acc_t::row_slots], alpha[acc_t::row_slots], msc[acc_t::row_slots];
+#pragma unroll
+      for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = m_run[mt][s];
 #pragma unroll
       for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
         for (int e = 0; e < acc_t::ne; ++e) {
-          const int j = j0 + nt * 16 + acc_t::get_j(e);
-          const int p = wp_first + acc_t::get_i(e);
-          const bool vis = j < sk && (!causal || j <= p) && (W <= 0 || j > p - W || j < S);
-          if (!vis) sacc[nt].x[e] = neg_inf();
+          const int s = acc_t::row_slot(e);
+          mx[s] = fmax_(mx[s], sacc[mt][nt].x[e]);
         }
-    }
-
-    // Online softmax (log2 units): new running max per row, rescale, exponentiate.
-    float mt[acc_t::row_slots], alpha[acc_t::row_slots], msc[acc_t::row_slots];
 #pragma unroll
-    for (int s = 0; s < acc_t::row_slots; ++s) mt[s] = m_run[s];
+      for (int s = 0; s < acc_t::row_slots; ++s) {
+        mx[s] = acc_t::row_max(mx[s]);
+        // A row with nothing visible yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
+        msc[s] = mx[s] == neg_inf() ? 0.f : mx[s] * a_eff;
+        alpha[s] = exp2_(m_run[mt][s] * a_eff - msc[s]);
+        m_run[mt][s] = mx[s];
+        l_run[mt][s] *= alpha[s];
+      }
+      // Past the first tiles the running max rarely moves: skip the rescale when no row's did.
+      bool moved = false;
 #pragma unroll
-    for (int nt = 0; nt < BN / 16; ++nt)
+      for (int s = 0; s < acc_t::row_slots; ++s) moved |= alpha[s] != 1.f;
+      if (mma::warp_any(moved)) {
 #pragma unroll
-      for (int e = 0; e < acc_t::ne; ++e) {
-        const int s = acc_t::row_slot(e);
-        mt[s] = fmax_(mt[s], sacc[nt].x[e]);
+        for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+          for (int e = 0; e < acc_t::ne; ++e) oacc[mt][dt].x[e] *= alpha[acc_t::row_slot(e)];
       }
 #pragma unroll
-    for (int s = 0; s < acc_t::row_slots; ++s) {
-      mt[s] = acc_t::row_max(mt[s]);
-      // A row with nothing visible yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
-      msc[s] = mt[s] == neg_inf() ? 0.f : mt[s] * a_eff;
-      alpha[s] = exp2_(m_run[s] * a_eff - msc[s]);
-      m_run[s] = mt[s];
-      l_run[s] *= alpha[s];
-    }
+      for (int nt = 0; nt < BN / 16; ++nt) {
 #pragma unroll
-    for (int dt = 0; dt < D / 16; ++dt)
-#pragma unroll
-      for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= alpha[acc_t::row_slot(e)];
-    op_t pf[BN / 16];
-#pragma unroll
-    for (int nt = 0; nt < BN / 16; ++nt) {
-#pragma unroll
-      for (int e = 0; e < acc_t::ne; ++e) {
-        const int s = acc_t::row_slot(e);
-        const float pv = exp2_(sacc[nt].x[e] * a_eff - msc[s]);
-        sacc[nt].x[e] = pv;
-        l_run[s] += pv;
+        for (int e = 0; e < acc_t::ne; ++e) {
+          const int s = acc_t::row_slot(e);
+          const float pv = exp2_(sacc[mt][nt].x[e] * a_eff - msc[s]);
+          sacc[mt][nt].x[e] = pv;
+          l_run[mt][s] += pv;
+        }
+        mma::to_operand<DT>(pf[mt][nt], sacc[mt][nt]);
       }
-      mma::to_operand<DT>(pf[nt], sacc[nt]);
     }
 
-    // O += P V
+    // O += P V: each V fragment serves the warp's MT row tiles.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) {
         op_t vf;
-        mma::load_cols(vf, [&](int r, int c) { return sV + swz(kk * 16 + r, dt * 16 + c); });
-        mma::mma<DT>(oacc[dt], pf[kk], vf);
+        mma::load_cols<D>(vf, sV, kk * 16, dt * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma::mma<DT>(oacc[mt][dt], pf[mt][kk], vf);
       }
     }
   }
@@ -316,35 +349,38 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // Epilogue: normalise (sink in the denominator), lse, stage O through this warp's Q rows.
   mma::cp_async_wait<0>();
   sync_block();
-  float inv[acc_t::row_slots];
-#pragma unroll
-  for (int s = 0; s < acc_t::row_slots; ++s) {
-    const float l = acc_t::row_sum(l_run[s]);
-    const int row = wr0 + acc_t::slot_row(s);
-    float lse_v = neg_inf();
-    inv[s] = 0.f;
-    if (l > 0.f) {
-      const float m2 = m_run[s] * a_eff;
-      lse_v = (m2 + log2_(l)) * kLn2;
-      float den = l;
-      if (sinks != nullptr) den += exp2_(sinks[h] * kLog2e - m2);
-      inv[s] = 1.f / den;
-    }
-    if (lse != nullptr && acc_t::row_leader() && row < sq) lse[(i64)(q0 + row) * (i64)gdim_x() + h] = lse_v;
-  }
   u16* sO = const_cast<u16*>(sQw);
 #pragma unroll
-  for (int dt = 0; dt < D / 16; ++dt)
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[acc_t::row_slots];
 #pragma unroll
-    for (int e = 0; e < acc_t::ne; e += 2) {
-      const float f = inv[acc_t::row_slot(e)];
-      const u32 w = pack2(DT{}, oacc[dt].x[e] * f, oacc[dt].x[e + 1] * f);
-      *reinterpret_cast<u32*>(sO + swz(acc_t::get_i(e), dt * 16 + acc_t::get_j(e))) = w;
+    for (int s = 0; s < acc_t::row_slots; ++s) {
+      const float l = acc_t::row_sum(l_run[mt][s]);
+      const int row = wr0 + 16 * mt + acc_t::slot_row(s);
+      float lse_v = neg_inf();
+      inv[s] = 0.f;
+      if (l > 0.f) {
+        const float m2 = m_run[mt][s] * a_eff;
+        lse_v = (m2 + log2_(l)) * kLn2;
+        float den = l;
+        if (sinks != nullptr) den += exp2_(sinks[h] * kLog2e - m2);
+        inv[s] = 1.f / den;
+      }
+      if (lse != nullptr && acc_t::row_leader() && row < sq) lse[(i64)(q0 + row) * (i64)gdim_x() + h] = lse_v;
     }
+#pragma unroll
+    for (int dt = 0; dt < D / 16; ++dt)
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; e += 2) {
+        const float f = inv[acc_t::row_slot(e)];
+        const u32 w = pack2(DT{}, oacc[mt][dt].x[e] * f, oacc[mt][dt].x[e + 1] * f);
+        *reinterpret_cast<u32*>(sO + swz(16 * mt + acc_t::get_i(e), dt * 16 + acc_t::get_j(e))) = w;
+      }
+  }
   mma::warp_sync();
   const int lane = (int)lane_id();
 #pragma unroll
-  for (int i = 0; i < 16 * CPR / ATOM_WARP_SIZE; ++i) {
+  for (int i = 0; i < WR * CPR / ATOM_WARP_SIZE; ++i) {
     const int c = lane + i * ATOM_WARP_SIZE;
     const int r = c / CPR, ch = c % CPR;
     if (wr0 + r < sq) {
