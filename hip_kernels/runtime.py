@@ -812,10 +812,12 @@ def load(variant: Variant, device=None) -> Kernel:
     """Compile-or-fetch `variant` for `device` (default: current torch device) and load it."""
     import torch
 
-    idx = torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
-        if isinstance(device, int) else torch.device(device).index
-    if idx is None:
-        idx = torch.cuda.current_device()
+    if isinstance(device, int):
+        idx = device
+    else:
+        idx = None if device is None else torch.device(device).index
+        if idx is None:
+            idx = torch.cuda.current_device()
     k = _loaded.get((variant, idx))
     if k is not None:
         return k
