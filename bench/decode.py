@@ -169,6 +169,7 @@ def main(argv=None) -> None:
         b, ctx = shape
         facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS)
         planned = decode_splits(b, ctx, facts, platform, cfg)
+        suggested = decode.suggest_num_splits(b, HK, ctx, sms)
         peers = {}
         for name, fn in sdpa_fns(b, ctx).items():
             peers[name] = record(name, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, ctx, 2))
@@ -181,37 +182,41 @@ def main(argv=None) -> None:
             if kv == "fp8_page":
                 nbytes += 2 * b * -(-ctx // BS) * HK * 4
             ours[kv] = record("ours", shape, kv, planned, bench_ms(run_ours(c, planned)), nbytes, "planned")
+            ours[kv + "_sug"] = record("ours", shape, kv, suggested, bench_ms(run_ours(c, suggested)), nbytes,
+                                       "suggest_num_splits")
             if args.sweep:
                 for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
-                    if s != planned and b * HK * s <= 16 * sms * 8:
+                    if s not in (planned, suggested) and b * HK * s <= 16 * sms * 8:
                         record("ours_sweep", shape, kv, s, bench_ms(run_ours(c, s)), nbytes)
             if args.tune:
-                tunes = ([{"UNROLL": 2, "STAGES": 3}, {"UNROLL": 2, "STAGES": 6}, {"UNROLL": 4, "STAGES": 3}] if kv == "bf16"
-                         else [{"UNROLL": 4, "STAGES": 3}, {"UNROLL": 4, "STAGES": 5}, {"UNROLL": 2, "STAGES": 6}])
+                tunes = ([{"UNROLL": 2, "STAGES": 4}, {"UNROLL": 4, "STAGES": 3}, {"UNROLL": 3, "STAGES": 3}] if kv == "bf16"
+                         else [{"UNROLL": 4, "STAGES": 3}, {"UNROLL": 2, "STAGES": 6}])
                 for t in tunes:
-                    record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, tune=t, with_combine=False)),
-                           nbytes, json.dumps(t))
-                record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)), nbytes, "default")
+                    record("ours_partials", shape, kv, suggested,
+                           bench_ms(run_ours(c, suggested, tune=t, with_combine=False)), nbytes, json.dumps(t))
+                record("ours_partials", shape, kv, suggested, bench_ms(run_ours(c, suggested, with_combine=False)),
+                       nbytes, "default")
             if kv == "bf16":
                 tf = triton_fn(c, planned)
                 if tf is not None:
                     peers["triton_unified"] = record("triton_unified", shape, kv, planned, bench_ms(tf), nbytes)
             del c
             torch.cuda.empty_cache()
-        summary.append((shape, planned, ours, peers))
+        summary.append((shape, planned, suggested, ours, peers))
 
-    print("\n# summary (time ratios: peer time / our time; fp8 speed-up: bf16 time / fp8 time)")
-    print(f"{'shape':>12} {'splits':>6} {'bf16 us':>8} {'%copy':>6} {'fp8 us':>8} {'fp8 x':>6} {'fp8pg x':>7} "
-          + " ".join(f"{n:>20}" for n in ("vs sdpa_cudnn", "vs sdpa_flash", "vs triton_unified")))
-    for shape, planned, ours, peers in summary:
-        bf = ours["bf16"]["ms"]
+    print("\n# summary: time ratios are peer time / our time; fp8 x = bf16 time / fp8 time (same splits)")
+    print(f"{'shape':>12} {'S plan':>6} {'bf16 us':>8} {'%copy':>6} {'S sug':>5} {'bf16 us':>8} {'%copy':>6} "
+          f"{'fp8 x':>6} {'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9}")
+    for shape, planned, suggested, ours, peers in summary:
+        bp, bs_ = ours["bf16"], ours["bf16_sug"]
         ratio = []
         for n in ("sdpa_cudnn", "sdpa_flash", "triton_unified"):
             key = n if n in peers else (n + "_expanded" if n + "_expanded" in peers else None)
-            ratio.append(f"{peers[key]['ms'] / bf:6.2f}x{'(exp)' if key and key.endswith('expanded') else ''}" if key else "-")
-        print(f"{shape[0]:>4}x{shape[1]:<7} {planned:>6} {bf * 1e3:8.1f} {100 * ours['bf16']['frac_copy']:6.1f} "
-              f"{ours['fp8_tensor']['ms'] * 1e3:8.1f} {bf / ours['fp8_tensor']['ms']:6.2f} {bf / ours['fp8_page']['ms']:7.2f} "
-              + " ".join(f"{r:>20}" for r in ratio))
+            ratio.append(f"{peers[key]['ms'] / bs_['ms']:.2f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
+        print(f"{shape[0]:>4}x{shape[1]:<7} {planned:>6} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
+              f"{suggested:>5} {bs_['ms'] * 1e3:8.1f} {100 * bs_['frac_copy']:6.1f} "
+              f"{bs_['ms'] / ours['fp8_tensor_sug']['ms']:6.2f} {bs_['ms'] / ours['fp8_page_sug']['ms']:7.2f} "
+              + " ".join(f"{r:>9}" for r in ratio))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)

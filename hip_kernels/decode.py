@@ -295,3 +295,31 @@ def splitkv_decode(
     combine(o_part, lse_part, out, lse_out=lse_out, sinks=sinks)
     return out
 
+
+# CTAs of one variant that fit on an SM at once (H100: registers and shared memory of the
+# default variants, from the compile report), by rows per CTA.
+_CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
+
+
+def suggest_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, *,
+                       rows: int = 4, max_splits: int = 64, min_split_tokens: int = 256) -> int:
+    """Fewest splits whose CTAs fill their last wave to >= 95% (else the best filled one).
+
+    slots = num_sms x CTAs per SM; ctas = batch x kv heads x splits; a wave filled to f costs
+    about as much as a full one. Measured on H100 (docs/perf/decode.md): 64 x 4k wants 3,
+    8 x 32k wants 6 and 1 x 128k wants 48, where the planner's 2-waves-of-1-CTA-per-SM target
+    picks 1, 5 and 33 (10-20% slower)."""
+    if batch <= 0 or num_kv_heads <= 0:
+        return 1
+    slots = num_sms * _CTAS_PER_SM.get(rows, 3)
+    base = batch * num_kv_heads
+    cap = max(1, min(max_splits, max_context // min_split_tokens))
+    best, best_eff = 1, -1.0
+    for s in range(1, cap + 1):
+        waves = base * s / slots
+        eff = waves / math.ceil(waves)
+        if eff >= 0.95:
+            return s
+        if eff > best_eff + 1e-9:
+            best, best_eff = s, eff
+    return best

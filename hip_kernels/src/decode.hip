@@ -62,7 +62,7 @@ static_assert(NUM_THREADS % WARP == 0, "whole warps only");
 #ifdef UNROLL
 constexpr int U = UNROLL;
 #else
-constexpr int U = ROWS == 8 ? 2 : (ROWS == 4 && KV_BYTES == 2) ? 2 : 4;
+constexpr int U = ROWS == 8 ? 2 : (ROWS == 4 && KV_BYTES == 2) ? 3 : 4;
 #endif
 #ifdef STAGES
 constexpr int NST = STAGES;
@@ -339,31 +339,45 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) sc[u][r] += atom::shfl_xor(sc[u][r], off);
     }
-    float kfac[U], vfac[U];
+    float vfac[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = u * GPW + lane / L;
-      kfac[u] = k_factor;
+      float kfac = k_factor;
       vfac[u] = v_factor;
       if (FP8 && per_page) {
-        kfac[u] = fac[k] * fmt_factor;
+        kfac = fac[k] * fmt_factor;
         vfac[u] = fac[KPW + k] * fmt_factor;
       }
-      const int v = c * CHUNK + warp * KPW + k;
-      const int j = key_of(v);
-      const bool kvalid = v < vcount;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         float x = sc[u][r];
-        if (KV_NEEDS_FACTOR) x *= kfac[u];
+        if (KV_NEEDS_FACTOR) x *= kfac;
         if (softcap_l2e > 0.f) {
           // c * tanh(x / c), in log2 units; tanh(y) = 1 - 2 / (exp(2y) + 1) saturates cleanly.
           const float e2 = atom::exp2_(x * inv_softcap * 2.8853900817779268f);
           x = softcap_l2e * (1.f - 2.f / (e2 + 1.f));
         }
-        const int qp = qpos[r];
-        const bool vis = kvalid && j <= qp && (window <= 0 || j > qp - window || j < sink_tokens);
-        sc[u][r] = vis ? x : NEG_INF;
+        sc[u][r] = x;
+      }
+    }
+    // Masks only where some key of the warp's chunk may be hidden from some row (warp-uniform):
+    // the tail of the split, the sinks, the newest keys (causal among the new tokens), the window.
+    const int vbase = c * CHUNK + warp * KPW;
+    const bool all_visible = vbase >= n_sink && vbase + KPW <= vcount && key_of(vbase + KPW - 1) <= pos0 &&
+                             (window <= 0 || key_of(vbase) > pos0 + sq - 1 - window);
+    if (!all_visible) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = vbase + u * GPW + lane / L;
+        const int j = key_of(v);
+        const bool kvalid = v < vcount;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const int qp = qpos[r];
+          const bool vis = kvalid && j <= qp && (window <= 0 || j > qp - window || j < sink_tokens);
+          sc[u][r] = vis ? sc[u][r] : NEG_INF;
+        }
       }
     }
     float w[U][ROWS];
