@@ -200,12 +200,16 @@ def main(argv=None):
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
         if args.sweep and label in SWEEP_SHAPES:
-            base = prefill.CONFIGS[d]
+            base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)
             for cfg in SWEEP[d]:
                 prefill.CONFIGS[d] = cfg
+                if wbase is not None:
+                    prefill.WINDOW_CONFIGS[d] = cfg
                 measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
                         f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages}")
             prefill.CONFIGS[d] = base
+            if wbase is not None:
+                prefill.WINDOW_CONFIGS[d] = wbase
         dense = all(s == seqs[0] for s in seqs)
         if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
             # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.

@@ -13,7 +13,8 @@ last tiles see the most keys), and CTAs past a request's end exit at once. A cal
 the lengths on the host (vLLM's metadata builder does) passes `work=work_items(...)`, a list
 sorted longest first with no empty items; copy it to the device once per batch.
 
-Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off).
+Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off), plus a
+shorter row tile for d = 64/128 under small sliding windows (config_for).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
 """
@@ -52,6 +53,17 @@ class Config:
 # Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: 255 (d=64, two
 # row tiles per warp), ~222 (d=128), ~250 (d=256, Q re-read from shared memory); no spills.
 CONFIGS = {64: Config(8, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
+# Sliding windows up to this many keys: a CTA's rows see about BLOCK_M + W keys, so shorter row
+# tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
+SMALL_WINDOW = 1024
+WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
+
+
+def config_for(head_dim: int, window: int = 0) -> Config:
+    """The tile shape a launch with this head dim and window uses."""
+    if 0 < window <= SMALL_WINDOW and head_dim in WINDOW_CONFIGS:
+        return WINDOW_CONFIGS[head_dim]
+    return CONFIGS[head_dim]
 
 
 def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
@@ -66,7 +78,8 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
 
 def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
-    return [_variant(d, code, sc) for d in HEAD_DIMS for code in (0, 1) for sc in (False, True)]
+    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items())
+    return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)]
 
 
 def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, window: int = 0,
@@ -75,7 +88,7 @@ def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, wind
 
     `seqlens_q` / `seqlens_k` are per-request lengths known on the host (Python ints). The
     result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking)."""
-    bm = CONFIGS[head_dim].block_m
+    bm = config_for(head_dim, window).block_m
     items = []
     for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
         sq, sk = int(sq), int(sk)
@@ -180,7 +193,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return_lse = True
     lse = lse_out if lse_out is not None else \
         torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    cfg = CONFIGS[d]
+    cfg = config_for(d, window)
     if work is not None:
         if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
                 or work.shape[1] != 2 or not work.is_contiguous():
@@ -212,4 +225,4 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     return (out, lse) if return_lse else out
 
 
-__all__ = ["varlen_attention", "variants", "work_items", "CONFIGS", "HEAD_DIMS"]
+__all__ = ["varlen_attention", "variants", "work_items", "config_for", "CONFIGS", "WINDOW_CONFIGS", "HEAD_DIMS"]

@@ -25,6 +25,7 @@ CASES = {
     "tile_edges_d64": ([(64, 64), (65, 65), (128, 128), (129, 129), (63, 127), (1, 64), (1, 65)], 4, 2, 64, {}),
     "empty_seqs": ([(0, 0), (50, 50), (0, 10), (30, 100), (0, 0)], 4, 4, 64, {}),
     "window_lt_sk": ([(300, 300), (50, 400), (1, 700)], 8, 2, 128, {"window": 64}),
+    "window_large_tile": ([(3000, 3000), (100, 2000)], 4, 2, 64, {"window": 1500, "sink_tokens": 4}),
     "window_eq_sk": ([(256, 256), (100, 256), (1, 256)], 4, 1, 64, {"window": 256}),
     "window_gt_sk": ([(200, 200), (30, 300)], 4, 2, 128, {"window": 1000}),
     "sink_tokens_1": ([(300, 300), (40, 500)], 4, 2, 64, {"window": 64, "sink_tokens": 1}),
@@ -181,10 +182,11 @@ def test_work_items_longest_first_and_complete():
 def test_variants_cover_every_launch():
     names = {v.name for v in prefill.variants()}
     for d in prefill.HEAD_DIMS:
-        for code in (0, 1):
-            for sc in (False, True):
-                assert prefill._variant(d, code, sc).name in names
-    assert len(names) == len(prefill.variants()) == 12
+        for window in (0, 128, prefill.SMALL_WINDOW, prefill.SMALL_WINDOW + 1):
+            for code in (0, 1):
+                for sc in (False, True):
+                    assert prefill._variant(d, code, sc, prefill.config_for(d, window)).name in names
+    assert len(names) == len(prefill.variants()) == 20
 
 
 def _compile_or_skip(arch, variant):
