@@ -302,13 +302,14 @@ _CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
 
 
 def suggest_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, *,
-                       rows: int = 4, max_splits: int = 64, min_split_tokens: int = 256) -> int:
+                       rows: int = 4, max_splits: int = 32, min_split_tokens: int = 256) -> int:
     """Fewest splits whose CTAs fill their last wave to >= 95% (else the best filled one).
 
     slots = num_sms x CTAs per SM; ctas = batch x kv heads x splits; a wave filled to f costs
-    about as much as a full one. Measured on H100 (docs/perf/decode.md): 64 x 4k wants 3,
-    8 x 32k wants 6 and 1 x 128k wants 48, where the planner's 2-waves-of-1-CTA-per-SM target
-    picks 1, 5 and 33 (10-20% slower)."""
+    about as much as a full one. Measured on H100 (docs/perf/decode.md): 64 x 4k wants 3
+    (the planner's 1 is 29% slower) and 8 x 32k wants 6 (its 5 is 6% slower). Past 32 splits
+    the combine costs more than a fuller wave gains (1 x 128k: 32 -> 214 us, 48 -> 223 us,
+    64 -> 300 us), hence the cap."""
     if batch <= 0 or num_kv_heads <= 0:
         return 1
     slots = num_sms * _CTAS_PER_SM.get(rows, 3)
