@@ -140,12 +140,14 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
     return fn
 
 
-SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "gpt-oss 64/8 d64 sinks+win128 4x4k",
-                "prefix sk=4sq 32/8 d128 16x1k/4k")
+SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 32/8 d128 1x16k")
 C = prefill.Config
+# exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
 SWEEP = {
-    128: [C(8, 64, 2), C(4, 64, 2, 2), C(8, 32, 3, 2), C(4, 64, 3)],
-    64: [C(8, 64, 3), C(4, 64, 2, 2), C(4, 32, 3, 2), C(4, 64, 3), C(8, 128, 3)],
+    128: [C(8, 64, 3, 1, 1), C(8, 64, 3, 1, 2), C(8, 64, 3, extra=(("DIAG", 1),)), C(8, 64, 3, extra=(("DIAG", 2),)),
+          C(4, 64, 2, 2, 1)],
+    64: [C(8, 64, 2, 2, 1), C(8, 64, 2, 2, 2), C(8, 64, 2, 2, extra=(("DIAG", 1),)),
+         C(8, 64, 2, 2, extra=(("DIAG", 2),)), C(4, 64, 2, 2), C(4, 64, 3, 1, 1)],
 }
 
 
@@ -206,7 +208,8 @@ def main(argv=None):
                 if wbase is not None:
                     prefill.WINDOW_CONFIGS[d] = cfg
                 measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
-                        f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages}")
+                        f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages} p{cfg.exp_poly}"
+                        + "".join(f" {k}={v}" for k, v in cfg.extra))
             prefill.CONFIGS[d] = base
             if wbase is not None:
                 prefill.WINDOW_CONFIGS[d] = wbase

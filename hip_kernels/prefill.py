@@ -41,6 +41,8 @@ class Config:
     block_n: int
     stages: int
     warp_m_tiles: int = 1  # 16-row tiles per warp: >1 reuses each K/V fragment for more rows
+    exp_poly: int = 0  # key groups (of block_n / 16) whose exp2 runs on the FMA pipe
+    extra: tuple = ()  # further (name, value) defines: bench experiments only
 
     @property
     def block_m(self) -> int:
@@ -72,7 +74,7 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
     cfg = cfg or CONFIGS[head_dim]
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-               "WARP_M_TILES": cfg.warp_m_tiles}
+               "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
     return Variant(SOURCE, KERNEL, defines)
 
 

@@ -214,10 +214,13 @@ def test_compiles_without_spills(arch, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [(4, 32, 3, 2), (4, 64, 2, 2), (8, 64, 2, 2)], ids=lambda c: "w{}n{}s{}m{}".format(*c))
+@pytest.mark.parametrize("cfg", [(4, 32, 3, 2, 0), (4, 64, 2, 2, 0), (8, 64, 2, 2, 1), (8, 64, 3, 1, 2), (4, 64, 3, 1, 4)],
+                         ids=lambda c: "w{}n{}s{}m{}p{}".format(*c))
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks", "empty_seqs"])
 def test_other_tile_configs(name, cfg, monkeypatch):
-    # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, etc.
+    # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, exp2
+    # on the FMA pipe for some key groups (p4: all of them), etc.
     seqs, hq, hk, d, kw = CASES[name]
     monkeypatch.setitem(prefill.CONFIGS, d, prefill.Config(*cfg))
+    monkeypatch.setitem(prefill.WINDOW_CONFIGS, d, prefill.Config(*cfg))
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=3)

@@ -19,7 +19,9 @@
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1),
 //          tuning: NUM_WARPS, WARP_M_TILES (16-row tiles per warp), BLOCK_N, STAGES, MIN_BLOCKS,
-//          Q_IN_REGS.
+//          Q_IN_REGS, EXP_POLY (how many of the BLOCK_N/16 key groups take exp2 from a polynomial
+//          on the FMA pipe instead of the special-function unit), DIAG (timing experiments only:
+//          1 = no exp2, 2 = no softmax; results are wrong).
 
 #include "atom_mma.h"
 
@@ -46,6 +48,12 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS (HEAD_DIM * WARP_M_TILES <= 128)
+#endif
+#ifndef EXP_POLY
+#define EXP_POLY 0
+#endif
+#ifndef DIAG
+#define DIAG 0
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
@@ -98,6 +106,24 @@ ATOM_DEV void copy_rows(u16* dst, const u16* __restrict__ src, i64 row_stride, i
     const u16* s = src + (i64)(ok ? gr : 0) * row_stride + ch * 8;
     mma::cp_async16(dst + swz(r, ch * 8), s, ok);
   }
+}
+
+// 2^x for x <= 0 on the FMA pipe: 2^floor(x) * p(frac), p a cubic fit (relative error < 1e-4,
+// far under the bf16/fp16 rounding of P); x < -126 (and -inf) gives 0.
+// floor / fma: belong in atom_device.h (asked for); NVRTC has no __builtin_floorf.
+#if ATOM_NVIDIA
+ATOM_DEV float floor_(float x) { return floorf(x); }
+ATOM_DEV float fma_(float a, float b, float c) { return fmaf(a, b, c); }
+#else
+ATOM_DEV float floor_(float x) { return __builtin_floorf(x); }
+ATOM_DEV float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#endif
+ATOM_DEV float exp2_fma(float x) {
+  const float xi = floor_(x);
+  const float f = x - xi;
+  const float p = fma_(fma_(fma_(0.07705726f, f, 0.22765566f), f, 0.69511443f), f, 1.0f);
+  const float r = u32_as_f32(f32_as_u32(p) + ((u32)(int)xi << 23));
+  return x < -126.f ? 0.f : r;
 }
 
 #if SOFTCAP
@@ -292,6 +318,7 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 
       // Online softmax (log2 units): new running max per row, rescale, exponentiate.
       float mx[acc_t::row_slots], alpha[acc_t::row_slots], msc[acc_t::row_slots];
+#if DIAG != 2
 #pragma unroll
       for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = m_run[mt][s];
 #pragma unroll
@@ -320,12 +347,24 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) oacc[mt][dt].x[e] *= alpha[acc_t::row_slot(e)];
       }
+#else
+      (void)alpha; (void)mx;
+#pragma unroll
+      for (int s = 0; s < acc_t::row_slots; ++s) msc[s] = 0.f;
+#endif
 #pragma unroll
       for (int nt = 0; nt < BN / 16; ++nt) {
 #pragma unroll
         for (int e = 0; e < acc_t::ne; ++e) {
           const int s = acc_t::row_slot(e);
-          const float pv = exp2_(sacc[mt][nt].x[e] * a_eff - msc[s]);
+#if DIAG == 1
+          const float pv = fmax_(sacc[mt][nt].x[e] * a_eff - msc[s] + 1.f, 0.f);
+#elif DIAG == 2
+          const float pv = sacc[mt][nt].x[e];
+#else
+          const float arg = sacc[mt][nt].x[e] * a_eff - msc[s];
+          const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
+#endif
           sacc[mt][nt].x[e] = pv;
           l_run[mt][s] += pv;
         }
