@@ -1,0 +1,162 @@
+"""Generates deploy/grafana/dashboards/atom-backend.json with grafana-foundation-sdk, whose
+builders are generated from Grafana's dashboard schema (so the JSON has the schema's field
+names and types). Edit this file, not the JSON, then:
+
+    pip install grafana-foundation-sdk && python deploy/grafana/build_dashboard.py
+
+tests/test_deploy.py checks the committed JSON matches this output and that every metric a
+query names exists in atom_backend.metrics' exposition; tests/test_prometheus_scrape.py runs
+every query against a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+
+OUT = Path(__file__).resolve().parent / "dashboards" / "atom-backend.json"
+DS = dm.DataSourceRef(type_val="prometheus", uid="prometheus")  # provisioning/datasources/prometheus.yaml
+SEL = 'instance=~"$instance"'
+RI = "$__rate_interval"
+_ids = iter(range(1, 1000))  # stable panel ids: links and alerts refer to them
+
+
+def q(expr: str, legend: str, ref: str) -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
+
+
+def quantiles(metric: str, by: str, legend_prefix: str) -> list[prometheus.Dataquery]:
+    group = f"le, {by}" if by else "le"
+    return [
+        q(
+            f"histogram_quantile({p}, sum by ({group}) (rate({metric}_bucket{{{SEL}}}[{RI}])))",
+            f"{legend_prefix}p{int(p * 100)}",
+            chr(ord("A") + i),
+        )
+        for i, p in enumerate((0.5, 0.9, 0.99))
+    ]
+
+
+def panel(title: str, unit: str, queries, description: str, stack: bool = False, bars: bool = False):
+    p = (
+        timeseries.Panel()
+        .id(next(_ids))
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .height(8)
+        .span(12)
+        .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE).placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+    )
+    for t in queries:
+        p = p.with_target(t)
+    if stack:
+        p = p.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(40)
+    if bars:
+        p = p.draw_style(cm.GraphDrawStyle.BARS)
+    return p
+
+
+def build() -> dict:
+    global _ids
+    _ids = iter(range(1, 1000))
+    d = (
+        db.Dashboard("atom-backend")
+        .uid("atom-backend")
+        .description("Routing, gather traffic, kernel latency and compile events of the atom-backend vLLM attention backend")
+        .tags(["vllm", "atom-backend"])
+        .refresh("10s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .with_variable(
+            db.QueryVariable("instance")
+            .label("instance")
+            .datasource(DS)
+            .query("label_values(atom_planner_seconds_count, instance)")
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+        .with_row(db.Row("Routing").id(next(_ids)))
+        .with_panel(panel(
+            "Batches by path", "reqps",
+            [q(f"sum by (phase, path) (rate(atom_batches_total{{{SEL}}}[{RI}]))", "{{phase}} {{path}}", "A")],
+            "Batches per second with at least one request on each phase and path.",
+        ))
+        .with_panel(panel(
+            "Query tokens by path", "short",
+            [q(f"sum by (phase, path) (rate(atom_tokens_total{{{SEL}}}[{RI}]))", "{{phase}} {{path}}", "A")],
+            "New query tokens per second, by phase and path.", stack=True,
+        ))
+        .with_panel(panel(
+            "Routing reasons", "reqps",
+            [q(f"sum by (phase, path, reason) (rate(atom_routed_requests_total{{{SEL}}}[{RI}]))",
+               "{{phase}} {{path}}: {{reason}}", "A")],
+            "Requests per second by the planner's reason (preferred, small_prefill, gather_cost, unsupported_*, ...).",
+            stack=True,
+        ))
+        .with_panel(panel(
+            "Run-time fallbacks", "short",
+            [q(f"sum by (reason, path) (increase(atom_fallbacks_total{{{SEL}}}[{RI}]))", "{{path}}: {{reason}}", "A")],
+            "Fallbacks taken at run time (e.g. a kernel failed to load); should stay at zero.", bars=True,
+        ))
+        .with_row(db.Row("Gather and decode").id(next(_ids)))
+        .with_panel(panel(
+            "Gather bandwidth", "Bps",
+            [q(f"sum(rate(atom_gathered_bytes_total{{{SEL}}}[{RI}]))", "bytes written into packed K/V", "A")],
+            "Bytes per second the varlen gather writes into packed K and V (reads are about the same for bf16 KV).",
+        ))
+        .with_panel(panel(
+            "Decode split count", "short",
+            quantiles("atom_decode_num_splits", "", "")
+            + [q(f"sum(rate(atom_decode_num_splits_sum{{{SEL}}}[{RI}])) / sum(rate(atom_decode_num_splits_count{{{SEL}}}[{RI}]))",
+                 "mean", "D")],
+            "Split-KV splits per decode batch (quantiles are bucket upper bounds: powers of two).",
+        ))
+        .with_row(db.Row("Latency").id(next(_ids)))
+        .with_panel(panel(
+            "Kernel latency by path (sampled)", "s",
+            quantiles("atom_kernel_seconds", "path", "{{path}} "),
+            "Device time per launch from sampled event pairs (ATOM_METRICS_SAMPLE_RATE of the launches).",
+        ))
+        .with_panel(panel(
+            "Planner time", "s",
+            quantiles("atom_planner_seconds", "", ""),
+            "Host time of one planner call (once per batch).",
+        ))
+        .with_row(db.Row("Kernels").id(next(_ids)))
+        .with_panel(panel(
+            "Kernel compiles and cache hits", "short",
+            [
+                q(f"sum by (kernel) (increase(atom_kernel_compiles_total{{{SEL}}}[{RI}]))", "compiled {{kernel}}", "A"),
+                q(f"sum by (kernel) (increase(atom_kernel_cache_hits_total{{{SEL}}}[{RI}]))", "cache hit {{kernel}}", "B"),
+            ],
+            "Kernel variants compiled at run time (a pre-warmed image shows only cache hits).", bars=True,
+        ))
+        .with_panel(panel(
+            "Kernel compile time", "s",
+            [q(f"sum by (kernel) (increase(atom_kernel_compile_seconds_total{{{SEL}}}[{RI}]))", "{{kernel}}", "A")],
+            "Seconds spent compiling or loading kernel variants.", bars=True,
+        ))
+    )
+    return json.loads(json.dumps(d.build(), cls=JSONEncoder))
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(render())
+    print(f"wrote {OUT}", file=sys.stderr)
