@@ -144,10 +144,10 @@ SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 
 C = prefill.Config
 # exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
 SWEEP = {
-    128: [C(8, 64, 3, 1, 1), C(8, 64, 3, 1, 2), C(8, 64, 3, extra=(("DIAG", 1),)), C(8, 64, 3, extra=(("DIAG", 2),)),
-          C(4, 64, 2, 2, 1)],
-    64: [C(8, 64, 2, 2, 1), C(8, 64, 2, 2, 2), C(8, 64, 2, 2, extra=(("DIAG", 1),)),
-         C(8, 64, 2, 2, extra=(("DIAG", 2),)), C(4, 64, 2, 2), C(4, 64, 3, 1, 1)],
+    128: [C(8, 64, 3, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)), C(8, 64, 3, extra=(("DIAG", 2),)), C(8, 64, 2),
+          C(8, 32, 3, 2)],
+    64: [C(8, 64, 2, 2), C(8, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)), C(4, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)),
+         C(4, 64, 2, 2, extra=(("DIAG", 2),)), C(4, 64, 3, 2)],
 }
 
 

@@ -52,9 +52,9 @@ class Config:
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n)
 
 
-# Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: 255 (d=64, two
+# Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: ~245 (d=64, two
 # row tiles per warp), ~222 (d=128), ~250 (d=256, Q re-read from shared memory); no spills.
-CONFIGS = {64: Config(8, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
+CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
 # Sliding windows up to this many keys: a CTA's rows see about BLOCK_M + W keys, so shorter row
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
 SMALL_WINDOW = 1024

@@ -38,6 +38,15 @@
 // Asynchronous global -> shared copies (the loop overlaps them with math when they exist).
 #define ATOM_ASYNC_COPY ATOM_MMA_SYNC
 
+// An MMA is a pure function of its registers, so its asm is not volatile (the compiler may
+// schedule it freely); ATOM_MMA_ASM_VOLATILE=1 pins MMAs in program order (experiment knob).
+// Fragment loads stay volatile: they read shared memory that barriers order.
+#if defined(ATOM_MMA_ASM_VOLATILE) && ATOM_MMA_ASM_VOLATILE
+#define ATOM_MMA_ASM asm volatile
+#else
+#define ATOM_MMA_ASM asm
+#endif
+
 #if ATOM_NVIDIA
 #define ATOM_LAUNCH_BOUNDS2(n, min_blocks) __launch_bounds__(n, min_blocks)
 #else
@@ -243,14 +252,14 @@ ATOM_DEV void load_cols(op_t& t, const u16* base, int R, int C) {
 template <class DT> struct mma_ptx;
 template <> struct mma_ptx<bf16_t> {
   static ATOM_DEV void run(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    ATOM_MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
 template <> struct mma_ptx<f16_t> {
   static ATOM_DEV void run(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    ATOM_MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
