@@ -132,7 +132,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     """Attention of packed varlen queries q [total_q, hq, d] over packed k, v [total_kv, hk, d].
 
     Returns out (q's dtype, [total_q, hq, d]), or (out, lse) with return_lse (lse fp32
-    [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints (upper bounds of the lengths).
+    [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints, upper bounds of the lengths (not
+    checked: that would read cu_seqlens on the host); rows past max_seqlen_q are not written.
     work: optional device int32 [n, 2] from work_items() (host lengths, longest first).
     lse_out: optional preallocated fp32 [total_q, hq] for the lse (implies return_lse)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -207,7 +208,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         max_tiles = -(-max_seqlen_q // cfg.block_m)
         n_y = max_tiles * batch
     if hq > 2**31 - 1 or n_y > 65535:
-        raise ValueError(f"{n_y} work items exceed the grid's y limit (65535): split the batch")
+        raise ValueError(f"{n_y} work items exceed the grid's y limit (65535): pass work=work_items(...) "
+                         "(no empty items) or split the batch")
     if total_q == 0 or batch == 0 or n_y == 0:
         return (out, lse.fill_(float("-inf"))) if return_lse else out
 

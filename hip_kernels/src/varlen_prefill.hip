@@ -86,6 +86,7 @@ static_assert(NST >= 2, "the copy ring needs two stages");
 static_assert((BN * CPR) % NT == 0 && (BM * CPR) % NT == 0, "copies must spread evenly over the threads");
 constexpr int TILE_ELEMS = BN * D;
 constexpr int SMEM_ELEMS = BM * D + NST * 2 * TILE_ELEMS;
+static_assert(SMEM_ELEMS * 2 <= 227 * 1024, "Q tile + K/V ring exceed the 227 KB of shared memory a CTA can have");
 
 ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
 ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
