@@ -1,0 +1,343 @@
+"""Per-batch metadata: vLLM's CommonAttentionMetadata -> one plan -> index tensors per route.
+
+``AtomMetadataBuilder.build()`` runs once per batch (per KV-cache group) for all its layers,
+on the host: lengths come from the CPU copies vLLM keeps (``query_start_loc_cpu``,
+``seq_lens_cpu_upper_bound``, exact for prefill rows), so nothing waits on the device. It
+calls ``atom_backend.planner.plan`` once, records it in the metrics, logs every request routed
+away from its preferred path at debug level, and builds for each route (split-KV decode,
+varlen, unified) the sub-batch the executors need: the token rows (a slice when contiguous,
+vLLM puts decodes first), cu_seqlens, seq_lens and block-table rows, and for the varlen route
+the packed-key layout of exactly the requests the plan sent there.
+
+CUDA graphs: ``AttentionCGSupport.NEVER`` for now. The kernels themselves do not sync and
+split-KV decode is correct for any split count, but this builder makes fresh index tensors per
+batch (not copies into buffers fixed at init) and the split-KV workspace is allocated per call,
+and none of it has been run under vLLM's capture on a GPU (vLLM cannot be installed on the GPU
+machine we test on). Declaring more would be a claim we cannot back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+
+from atom_backend import planner as _planner
+from atom_backend.planner import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
+
+logger = logging.getLogger("atom_backend")
+
+try:
+    from atom_backend import metrics as _metrics
+except ImportError:  # the metrics module is optional at run time (prometheus-client missing)
+    _metrics = None
+
+# Per-process routing counters (cheap ints). The integration tests read them, in-process or
+# through the JSON file named by ATOM_DEBUG_COUNTERS (rewritten after every batch when set).
+COUNTERS: dict[str, int] = {
+    "batches": 0, "decode_requests": 0, "varlen_requests": 0, "unified_requests": 0,
+    "varlen_prefix_hit_requests": 0, "varlen_cached_tokens": 0, "unified_prefix_hit_requests": 0,
+    "mixed_batches": 0,  # batches whose requests went to more than one route
+}
+# (new, cached, path, reason) of recent prefill requests, for tests and debugging.
+PREFILL_LOG: deque = deque(maxlen=512)
+
+
+def _torch_dtype_name(dt: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dt]
+
+
+def kv_format(cache_dtype: str, model_dtype: torch.dtype, device_type: str) -> tuple[str, str]:
+    """(planner kv_dtype, kv_scale_mode) of a vLLM cache dtype."""
+    if cache_dtype.startswith("fp8"):
+        fnuz = device_type == "cuda" and getattr(torch.version, "hip", None) and _is_fnuz()
+        return ("fp8_e4m3fnuz" if fnuz else "fp8_e4m3"), "per_tensor"
+    name = cache_dtype if cache_dtype in ("float16", "bfloat16") else None
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, model_dtype)
+    kv = _torch_dtype_name(dt)
+    if kv == "fp32" and "fp32" not in getattr(_planner, "_KV_FORMATS", {"fp32"}):
+        # Planners that only list stored 16-bit/fp8 formats: an unquantised fp32 cache routes
+        # exactly like one stored in the query dtype (kv_dtype only gates the split-KV kernel,
+        # which takes 16-bit queries anyway); gather bytes use the query dtype.
+        kv = "fp16"
+    return kv, "none"
+
+
+def _is_fnuz() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_fp8_fnuz())
+    except Exception:
+        return False
+
+
+@dataclass
+class Route:
+    """One path's sub-batch. Request indices refer to the batch; rows to q/output."""
+
+    path: str
+    reqs: np.ndarray  # request indices, ascending (host)
+    new: np.ndarray  # new query tokens per request (host)
+    total: np.ndarray  # cached + new keys per request (host)
+    rows: Any  # slice (contiguous token rows) or a device LongTensor of row indices
+    num_tokens: int
+    cu_seqlens_q: torch.Tensor  # int32 [n + 1], device
+    seq_lens: torch.Tensor  # int32 [n], device (vLLM's exact lengths)
+    block_table: torch.Tensor  # int32 [n, max_blocks], device
+    max_seqlen_q: int
+    max_seqlen_k: int
+    # varlen only
+    total_kv: int = 0
+    cu_seqlens_k: torch.Tensor | None = None
+    seq_ids: torch.Tensor | None = None  # int32 request rows of full_block_table (GPU gather)
+    full_block_table: torch.Tensor | None = None
+    gather_blocks: torch.Tensor | None = None  # CPU gather: physical block of each packed key
+    gather_offsets: torch.Tensor | None = None
+    cache: dict = field(default_factory=dict)  # per-window host work lists, built by the first layer
+
+
+@dataclass
+class AtomMetadata:
+    num_actual_tokens: int
+    plan: Plan
+    num_splits: int
+    decode: Route | None
+    varlen: Route | None
+    unified: Route | None
+    slot_mapping: torch.Tensor
+    on_cpu: bool
+    decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
+
+    def routes(self):
+        return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
+
+
+_ALL_HEAD_DIMS = frozenset(range(8, 257, 8))
+_ALL_KV = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e4m3fnuz"})
+_KERNEL_STATE: dict[str, str | None] = {}  # "varlen"/"splitkv" -> None (usable) or why not
+
+
+def kernel_unavailable(path: str) -> str | None:
+    """Why the compiled kernel of ``path`` cannot run here (None: it can), probed once."""
+    if path not in _KERNEL_STATE:
+        why = None
+        try:
+            from hip_kernels import runtime
+
+            if path == "varlen":
+                import hip_kernels.gather  # noqa: F401
+                import hip_kernels.prefill  # noqa: F401
+            else:
+                import hip_kernels.combine  # noqa: F401
+                import hip_kernels.decode  # noqa: F401
+            runtime.toolchain_for(runtime.device_arch())
+        except Exception as e:  # ImportError, ToolchainMissingError, no device...
+            why = f"{type(e).__name__}: {e}"
+        _KERNEL_STATE[path] = why
+        if why is not None:
+            _fallback(Reason.NO_KERNEL.value, path, why)
+    return _KERNEL_STATE[path]
+
+
+def mark_kernel_failed(path: str, why: str) -> None:
+    """A kernel failed at run time (e.g. compile error): later batches plan around it."""
+    _KERNEL_STATE[path] = why
+    _fallback(Reason.NO_KERNEL.value, path, why)
+
+
+def _fallback(reason: str, path: str, why: str) -> None:
+    logger.debug("atom: %s kernel unavailable (%s), its requests go to the Triton unified path", path, why)
+    if _metrics is not None:
+        _metrics.record_fallback(reason, path)
+
+
+def detect_platform(device: torch.device) -> _planner.Platform:
+    if device.type == "cpu":
+        # The torch routes run every path for every dtype, head size and KV format.
+        return _planner.Platform(
+            vendor="cpu", arch="cpu", num_sms=max(1, torch.get_num_threads()),
+            varlen_kernel=True, splitkv_kernel=True, varlen_head_dims=_ALL_HEAD_DIMS,
+            varlen_dtypes=frozenset({"bf16", "fp16", "fp32"}), splitkv_head_dims=_ALL_HEAD_DIMS,
+            splitkv_dtypes=frozenset({"bf16", "fp16", "fp32"}), splitkv_kv_formats=_ALL_KV,
+        )
+    from hip_kernels import runtime
+
+    arch = runtime.device_arch(device.index)
+    props = torch.cuda.get_device_properties(device)
+    varlen_ok = kernel_unavailable("varlen") is None
+    splitkv_ok = kernel_unavailable("splitkv") is None
+    kwargs = {}
+    try:
+        from hip_kernels import decode as hd
+        from hip_kernels import prefill as hp
+
+        kwargs = dict(varlen_head_dims=frozenset(hp.HEAD_DIMS), splitkv_head_dims=frozenset(hd.HEAD_DIMS))
+    except ImportError:
+        pass
+    fp8 = "fp8_e4m3fnuz" if str(runtime.native_fp8_dtype(arch)).endswith("fnuz") else "fp8_e4m3"
+    return _planner.Platform(
+        vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch, num_sms=props.multi_processor_count,
+        varlen_kernel=varlen_ok, splitkv_kernel=splitkv_ok,
+        splitkv_kv_formats=frozenset({"bf16", "fp16", fp8}), **kwargs,
+    )
+
+
+def _group_layers(vllm_config, layer_names):
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    return get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+
+
+class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.config = PlannerConfig.from_env()
+        # Decodes first, so the split-KV route reads one contiguous slice of rows.
+        self._init_reorder_batch_threshold(self.config.decode_max_query_tokens, supports_spec_as_decode=True)
+        self.block_size = kv_cache_spec.block_size
+        model_config = vllm_config.model_config
+        layers = _group_layers(vllm_config, layer_names)
+        impls = [layer.impl for layer in layers.values()]
+        windows = {getattr(i, "sliding_window", None) or 0 for i in impls}
+        num_q_heads = ({getattr(i, "num_heads", None) for i in impls} - {None}) or {
+            model_config.get_num_attention_heads(vllm_config.parallel_config)}
+        kv_dtype, scale_mode = kv_format(vllm_config.cache_config.cache_dtype, model_config.dtype, device.type)
+        self.facts = ModelFacts(
+            num_q_heads=max(num_q_heads), num_kv_heads=kv_cache_spec.num_kv_heads, head_dim=kv_cache_spec.head_size,
+            dtype=_torch_dtype_name(model_config.dtype), kv_dtype=kv_dtype, kv_scale_mode=scale_mode,
+            has_sinks=any(getattr(i, "sinks", None) is not None for i in impls),
+            # A group mixing windowed and global layers shares one plan: size splits for full context.
+            window=windows.pop() if len(windows) == 1 else 0,
+            softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
+            page_size=self.block_size,
+        )
+        self.on_cpu = device.type == "cpu"
+        self.platform = detect_platform(device)
+        self._warned_sync = False
+        self._counter_file = os.environ.get("ATOM_DEBUG_COUNTERS") or None
+        logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
+
+    # -- host lengths ------------------------------------------------------------------
+    def _host_seq_lens(self, cm: CommonAttentionMetadata) -> np.ndarray:
+        s = cm.seq_lens_cpu_upper_bound
+        if s is None:
+            if cm.seq_lens.device.type == "cpu":
+                s = cm.seq_lens
+            else:
+                if not self._warned_sync:
+                    logger.warning("atom: vLLM gave no host seq_lens; copying them from the device (sync)")
+                    self._warned_sync = True
+                s = cm.seq_lens.cpu()
+        return np.asarray(s[: cm.num_reqs].numpy(), dtype=np.int64)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> AtomMetadata:
+        cm = common_attn_metadata
+        n = cm.num_reqs
+        qsl = np.asarray(cm.query_start_loc_cpu[: n + 1].numpy(), dtype=np.int64)
+        new = np.diff(qsl)
+        total = self._host_seq_lens(cm)
+        cached = np.maximum(total - new, 0)
+        t0 = time.perf_counter()
+        p = plan(new, cached, self.facts, self.platform, self.config)
+        dt = time.perf_counter() - t0
+        if _metrics is not None:
+            _metrics.record_plan(p, dt)
+        self._log_routes(p, new, cached)
+
+        decode_kernel = "torch" if self.on_cpu else ("hip" if p.decode_path == Path.SPLITKV else "triton")
+        md = AtomMetadata(
+            num_actual_tokens=cm.num_actual_tokens, plan=p, num_splits=int(p.num_splits),
+            decode=self._route(cm, p.decode, p.decode_path.value, qsl, new, total),
+            varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True),
+            unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
+            slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
+        )
+        self._count(p, new, cached)
+        return md
+
+    def _route(self, cm, idx: np.ndarray, path: str, qsl, new, total, varlen: bool = False) -> Route | None:
+        if len(idx) == 0:
+            return None
+        dev = cm.query_start_loc.device
+        i0, i1 = int(idx[0]), int(idx[-1]) + 1
+        contiguous = i1 - i0 == len(idx)
+        r_new, r_total = new[idx], total[idx]
+        cu_q = np.zeros(len(idx) + 1, dtype=np.int32)
+        np.cumsum(r_new, out=cu_q[1:])
+        if contiguous:
+            rows = slice(int(qsl[i0]), int(qsl[i1]))
+            seq_lens = cm.seq_lens[i0:i1]
+            block_table = cm.block_table_tensor[i0:i1]
+        else:
+            rows_np = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in idx])
+            rows = torch.from_numpy(rows_np).to(dev, non_blocking=True)
+            idx_dev = torch.from_numpy(idx).to(dev, non_blocking=True)
+            seq_lens = cm.seq_lens.index_select(0, idx_dev)
+            block_table = cm.block_table_tensor.index_select(0, idx_dev)
+        r = Route(
+            path=path, reqs=idx, new=r_new, total=r_total, rows=rows, num_tokens=int(cu_q[-1]),
+            cu_seqlens_q=torch.from_numpy(cu_q).to(dev, non_blocking=True), seq_lens=seq_lens.to(torch.int32),
+            block_table=block_table, max_seqlen_q=int(r_new.max()), max_seqlen_k=int(r_total.max()),
+        )
+        if varlen:
+            cu_k = np.zeros(len(idx) + 1, dtype=np.int32)
+            np.cumsum(r_total, out=cu_k[1:])
+            r.total_kv = int(cu_k[-1])
+            r.cu_seqlens_k = torch.from_numpy(cu_k).to(dev, non_blocking=True)
+            r.full_block_table = cm.block_table_tensor
+            r.seq_ids = torch.from_numpy(idx.astype(np.int32)).to(dev, non_blocking=True)
+            if self.on_cpu:
+                # (block, offset) of every packed key, computed once for all layers.
+                pos = np.concatenate([np.arange(t) for t in r_total])
+                req = np.repeat(idx, r_total)
+                bt = cm.block_table_tensor
+                r.gather_blocks = bt[torch.from_numpy(req), torch.from_numpy(pos // self.block_size)].long()
+                r.gather_offsets = torch.from_numpy(pos % self.block_size)
+        return r
+
+    # -- observability ------------------------------------------------------------------
+    def _log_routes(self, p: Plan, new, cached) -> None:
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        if len(p.decode) and p.decode_reason != Reason.PREFERRED:
+            logger.debug("atom: %d decode requests -> %s (reason: %s)", len(p.decode), p.decode_path.value,
+                         p.decode_reason.value)
+        for i, why in zip(p.unified.tolist(), p.unified_reasons):
+            logger.debug("atom: prefill request %d (new=%d, cached=%d) -> unified (reason: %s)", i, new[i],
+                         cached[i], why.value)
+
+    def _count(self, p: Plan, new, cached) -> None:
+        c = COUNTERS
+        c["batches"] += 1
+        c["mixed_batches"] += int(sum(1 for r in (p.decode, p.varlen, p.unified) if len(r)) > 1)
+        c["decode_requests"] += len(p.decode)
+        c["varlen_requests"] += len(p.varlen)
+        c["unified_requests"] += len(p.unified)
+        hit = cached[p.varlen] > 0
+        c["varlen_prefix_hit_requests"] += int(hit.sum())
+        c["varlen_cached_tokens"] += int(cached[p.varlen].sum())
+        c["unified_prefix_hit_requests"] += int((cached[p.unified] > 0).sum())
+        for i in p.varlen.tolist():
+            PREFILL_LOG.append((int(new[i]), int(cached[i]), "varlen", "preferred"))
+        for i, why in zip(p.unified.tolist(), p.unified_reasons):
+            PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
+        if self._counter_file:
+            from atom_backend import gather
+
+            tmp = f"{self._counter_file}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"counters": c, "gather": gather.STATS, "prefills": list(PREFILL_LOG)}, f)
+            os.replace(tmp, self._counter_file)

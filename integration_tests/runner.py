@@ -1,0 +1,80 @@
+"""Run vLLM's offline engine on a tiny model and print one JSON line (run as a subprocess).
+
+    python integration_tests/runner.py MODEL_DIR --backend CUSTOM|default
+
+Phase 1 submits prompts of mixed lengths together (chunked prefill with a small token budget
+mixes decodes and prefill chunks in one batch); phase 2 sends a long prompt, then a second one
+sharing its first 96 tokens (a prefix-cache hit of whole blocks). Greedy, with logprobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+BLOCK = 32
+
+
+def prompts(seed: int = 1):
+    rng = random.Random(seed)
+    words = lambda n: " ".join(f"w{rng.randrange(256)}" for _ in range(n))  # noqa: E731
+    batch = [words(n) for n in (5, 40, 77, 130, 12)]
+    shared = words(3 * BLOCK + 10)
+    first = shared + " " + words(14)
+    second = " ".join(shared.split()[: 3 * BLOCK]) + " " + words(40)
+    return batch, first, second
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--backend", default="CUSTOM")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    a = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    kw = dict(model=a.model, dtype="float32", enforce_eager=True, max_model_len=256, block_size=BLOCK,
+              kv_cache_memory_bytes=64 << 20, enable_prefix_caching=True, enable_chunked_prefill=True,
+              max_num_batched_tokens=64, max_num_seqs=8, seed=0)
+    if a.backend != "default":
+        kw["attention_config"] = {"backend": a.backend}
+    llm = LLM(**kw)
+    sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, logprobs=3, ignore_eos=True)
+    batch, first, second = prompts()
+
+    def run(ps):
+        outs = llm.generate(ps, sp, use_tqdm=False)
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            res.append({"tokens": list(c.token_ids),
+                        "logprobs": [{str(t): float(lp.logprob) for t, lp in step.items()} for step in c.logprobs],
+                        "num_cached_tokens": o.num_cached_tokens or 0})
+        return res
+
+    out = {"batch": run(batch), "first": run([first])[0]}
+    state = {}
+    try:
+        from atom_backend import metadata as md
+
+        state["before_second"] = len(md.PREFILL_LOG)
+    except ImportError:
+        pass
+    out["second"] = run([second])[0]
+    try:
+        from atom_backend import gather, metadata as md
+
+        out["atom"] = {"counters": dict(md.COUNTERS), "gather": dict(gather.STATS),
+                       "second_prefills": list(md.PREFILL_LOG)[state.get("before_second", 0):]}
+        from vllm.forward_context import get_forward_context  # noqa: F401
+    except ImportError:
+        pass
+    print("RESULT " + json.dumps(out))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
