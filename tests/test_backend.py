@@ -1,0 +1,76 @@
+"""Backend declarations, plugin registration and the CPU platform hook (vLLM >= 0.32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
+
+from atom_backend.backend import AtomAttentionBackend  # noqa: E402
+from atom_backend.metadata import AtomMetadataBuilder  # noqa: E402
+
+
+def _reasons(**kw):
+    cfg = dict(head_size=64, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16)
+    cfg.update(kw)
+    return AtomAttentionBackend.validate_configuration(device_capability=None,
+                                                       **AttentionSelectorConfig(**cfg)._asdict())
+
+
+def test_supported_configurations_have_no_reasons():
+    for kw in (dict(), dict(head_size=32, dtype=torch.float32), dict(head_size=128, kv_cache_dtype="fp8", has_sink=True),
+               dict(head_size=256, block_size=1024, has_sliding_window=True), dict(block_size=1)):
+        assert _reasons(**kw) == [], kw
+
+
+def test_every_unsupported_feature_is_reported_at_once():
+    r = _reasons(head_size=36, kv_cache_dtype="fp8_e5m2", block_size=2048, use_mla=True,
+                 attn_type=AttentionType.ENCODER_ONLY)
+    for want in ("head_size not supported", "kv_cache_dtype not supported", "block_size not supported",
+                 "MLA not supported"):
+        assert want in r, r
+    assert any("attention type" in x for x in r), r
+    assert _reasons(head_size=64, dtype=torch.float32, kv_cache_dtype="fp8") != []
+
+
+def test_declarations():
+    assert AtomAttentionBackend.get_name() == "CUSTOM" and AttentionBackendEnum["CUSTOM"]
+    assert AtomAttentionBackend.forward_includes_kv_cache_update is False
+    assert AtomAttentionBackend.supports_sink() and AtomAttentionBackend.supports_sliding_window()
+    assert AtomMetadataBuilder._cudagraph_support == AttentionCGSupport.NEVER
+    assert AtomAttentionBackend.get_builder_cls() is AtomMetadataBuilder
+
+
+def test_plugin_registers_custom():
+    from atom_backend.plugin import BACKEND_PATH, register
+
+    AttentionBackendEnum.CUSTOM.clear_override()
+    try:
+        register()
+        assert AttentionBackendEnum.CUSTOM.get_path() == BACKEND_PATH
+        assert AttentionBackendEnum.CUSTOM.get_class() is AtomAttentionBackend
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
+
+
+def test_cpu_platform_honours_custom_only_when_selected():
+    from atom_backend import platform_cpu
+
+    assert platform_cpu.cpu_platform() == platform_cpu.QUALNAME  # this is vLLM's CPU build
+    plat = platform_cpu.AtomCpuPlatform
+    sel = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=32)
+    try:
+        assert plat.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, sel).endswith("AtomAttentionBackend")
+        # No selection, or another one: vLLM's own CPU choice, unchanged.
+        cpu_attn = AttentionBackendEnum.CPU_ATTN.get_path()
+        assert plat.get_attn_backend_cls(None, sel) == cpu_attn
+        assert plat.get_attn_backend_cls(AttentionBackendEnum.TRITON_ATTN, sel) == cpu_attn
+        with pytest.raises(ValueError, match="head_size not supported"):
+            plat.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, sel._replace(head_size=36))
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()

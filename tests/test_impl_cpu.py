@@ -1,0 +1,216 @@
+"""The impl's CPU routes against atom_backend.reference, through the real builder and impl
+(no vLLM engine): mixed batches split by route with outputs in the right rows, no gather for
+requests the plan sent to the unified path, a prefix-cache-hit prefill with sinks on varlen,
+FP8 KV with vLLM's per-tensor scales, both layer-compact KV layouts."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from atom_backend import gather as atom_gather  # noqa: E402
+from atom_backend import reference as ref  # noqa: E402
+from atom_backend.backend import split_kv_cache  # noqa: E402
+from atom_backend.impl import AtomAttentionImpl  # noqa: E402
+from atom_backend.metadata import AtomMetadataBuilder, detect_platform  # noqa: E402
+from atom_backend.planner import ModelFacts, PlannerConfig, Reason  # noqa: E402
+from atom_backend.tolerances import assert_close  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+
+BS = 16
+
+
+def _builder(facts: ModelFacts, config: PlannerConfig | None = None) -> AtomMetadataBuilder:
+    """The real builder without a vLLM config: only what build() reads."""
+    b = object.__new__(AtomMetadataBuilder)
+    b.facts, b.config = facts, config or PlannerConfig()
+    b.platform = detect_platform(torch.device("cpu"))
+    b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, True, False, None
+    return b
+
+
+class Case:
+    """A paged cache holding `cached` tokens per request, and `new` tokens about to be written."""
+
+    def __init__(self, new, cached, hq=8, hk=2, d=32, dtype=torch.float32, layout="LBNHC", fp8=False, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.new, self.cached = list(new), list(cached)
+        self.hq, self.hk, self.d, self.dtype, self.fp8 = hq, hk, d, dtype, fp8
+        total = [n + c for n, c in zip(new, cached)]
+        nblk = [-(-t // BS) for t in total]
+        num_blocks = sum(nblk) + 3
+        perm = torch.randperm(num_blocks, generator=g)
+        perm = torch.cat([perm[perm == num_blocks - 1], perm[perm != num_blocks - 1]])  # use the pool's last page
+        width = max(nblk) + 1
+        self.block_table = torch.zeros(len(new), width, dtype=torch.int32)
+        k = 0
+        for b, n in enumerate(nblk):
+            self.block_table[b, :n] = perm[k:k + n].to(torch.int32)
+            k += n
+        cdt = torch.uint8 if fp8 else dtype
+        if layout == "LBNHC":  # token-major pages, K|V adjacent per (token, head)
+            raw = torch.empty(num_blocks, BS, hk, 2 * d, dtype=cdt).permute(0, 2, 1, 3)
+        else:  # LBHNC: head-major pages
+            raw = torch.empty(num_blocks, hk, BS, 2 * d, dtype=cdt)
+        self.kv_cache = raw
+        fill = torch.randn(raw.shape, generator=g)
+        if fp8:
+            raw.view(torch.float8_e4m3fn).copy_((fill * 0.5).to(torch.float8_e4m3fn))
+        else:
+            raw.copy_(fill.to(dtype))
+        self.q = torch.randn(sum(new), hq, d, generator=g).to(dtype)
+        self.k_new = torch.randn(sum(new), hk, d, generator=g).to(dtype)
+        self.v_new = torch.randn(sum(new), hk, d, generator=g).to(dtype)
+        slots = []
+        for b, (n, c) in enumerate(zip(new, cached)):
+            for t in range(c, c + n):
+                slots.append(int(self.block_table[b, t // BS]) * BS + t % BS)
+        self.slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        qsl = torch.zeros(len(new) + 1, dtype=torch.int32)
+        qsl[1:] = torch.cumsum(torch.tensor(new), 0)
+        self.qsl = qsl
+        self.seq_lens = torch.tensor(total, dtype=torch.int32)
+
+    def common(self) -> CommonAttentionMetadata:
+        return CommonAttentionMetadata(
+            query_start_loc=self.qsl, query_start_loc_cpu=self.qsl, seq_lens=self.seq_lens, num_reqs=len(self.new),
+            num_actual_tokens=int(self.qsl[-1]), max_query_len=max(self.new), max_seq_len=int(self.seq_lens.max()),
+            block_table_tensor=self.block_table, slot_mapping=self.slot_mapping, seq_lens_cpu_upper_bound=self.seq_lens)
+
+    def facts(self, **kw) -> ModelFacts:
+        dt = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+        kv = ("fp8_e4m3", "per_tensor") if self.fp8 else ("fp16" if dt == "fp32" else dt, "none")
+        return ModelFacts(num_q_heads=self.hq, num_kv_heads=self.hk, head_dim=self.d, dtype=dt, kv_dtype=kv[0],
+                          kv_scale_mode=kv[1], page_size=BS, **kw)
+
+
+LAYER = types.SimpleNamespace(_k_scale_float=0.75, _v_scale_float=1.25)
+
+
+def _run(case: Case, impl: AtomAttentionImpl, md):
+    impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, case.slot_mapping)
+    out = torch.full_like(case.q, float("nan"))
+    impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
+    return out
+
+
+def _reference(case: Case, impl: AtomAttentionImpl, sinks):
+    k_cache, v_cache = split_kv_cache(case.kv_cache, case.d)
+    if case.fp8:
+        k_cache = ref.dequant_per_tensor(k_cache.view(torch.float8_e4m3fn), LAYER._k_scale_float)
+        v_cache = ref.dequant_per_tensor(v_cache.view(torch.float8_e4m3fn), LAYER._v_scale_float)
+    o, _ = ref.paged_attention(case.q.double(), k_cache.double(), v_cache.double(), case.qsl, case.block_table,
+                               case.seq_lens, scale=impl.scale, window=impl.sliding_window,
+                               softcap=impl.logits_soft_cap, sinks=None if sinks is None else sinks.double())
+    return o
+
+
+def _impl(case: Case, window=0, softcap=0.0, sinks=None):
+    return AtomAttentionImpl(case.hq, case.d, case.d ** -0.5, case.hk, None, window or None,
+                             "fp8" if case.fp8 else "auto", softcap or None, sinks=sinks)
+
+
+# Request order is deliberately not decode-first: rows of a route are not contiguous.
+MIXED_NEW = [20, 1, 3, 9, 0, 1, 40]
+MIXED_CACHED = [45, 37, 0, 700, 12, 16, 0]
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+@pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (24, 0.0, True), (0, 30.0, True)])
+def test_mixed_batch_routes_and_rows_match_reference(layout, window, softcap, with_sinks):
+    case = Case(MIXED_NEW, MIXED_CACHED, layout=layout, seed=window + int(softcap))
+    sinks = torch.randn(case.hq) if with_sinks else None
+    md = _builder(case.facts(has_sinks=with_sinks, window=window, softcap=softcap)).build(0, case.common())
+    p = md.plan
+    assert p.decode.tolist() == [1, 5] and p.varlen.tolist() == [0, 6] and p.empty.tolist() == [4]
+    assert p.unified.tolist() == [2, 3]
+    assert list(p.unified_reasons) == [Reason.SMALL_PREFILL, Reason.GATHER_COST]
+    impl = _impl(case, window, softcap, sinks)
+    out = _run(case, impl, md)
+    assert not out.isnan().any(), "some rows were not written"
+    assert_close(out, _reference(case, impl, sinks).to(out.dtype), torch.float32)
+
+
+def test_no_gather_for_unified_requests(monkeypatch):
+    calls = []
+    real = atom_gather.gather_kv
+
+    def spy(route, *a, **kw):
+        calls.append((route.reqs.tolist(), route.total_kv))
+        return real(route, *a, **kw)
+
+    monkeypatch.setattr(atom_gather, "gather_kv", spy)
+    case = Case(MIXED_NEW, MIXED_CACHED, seed=3)
+    md = _builder(case.facts()).build(0, case.common())
+    impl = _impl(case)
+    out = _run(case, impl, md)
+    # One gather for the layer, of exactly the varlen requests (cached + new keys each).
+    assert calls == [([0, 6], (20 + 45) + (40 + 0))]
+    assert md.plan.gather_tokens == 105
+    assert_close(out, _reference(case, impl, None).to(out.dtype), torch.float32)
+
+    calls.clear()
+    forced = _builder(case.facts(), PlannerConfig(force_path="unified")).build(0, case.common())
+    assert len(forced.plan.varlen) == 0 and forced.varlen is None
+    out = torch.full_like(case.q, float("nan"))
+    impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, forced, out)
+    assert calls == [], "requests the plan sent to unified were gathered"
+    assert_close(out, _reference(case, impl, None).to(out.dtype), torch.float32)
+
+
+def test_prefix_hit_prefill_with_sinks_takes_varlen():
+    case = Case([32, 1], [64, 80], seed=7)  # a prefix-cache hit of 4 pages, and a decode
+    sinks = torch.randn(case.hq)
+    md = _builder(case.facts(has_sinks=True, window=48)).build(0, case.common())
+    assert md.plan.varlen.tolist() == [0] and md.plan.unified.tolist() == []
+    assert md.varlen.total_kv == 96 and md.varlen.new.tolist() == [32]
+    impl = _impl(case, window=48, sinks=sinks)
+    before = dict(atom_gather.STATS)
+    out = _run(case, impl, md)
+    assert atom_gather.STATS["tokens"] - before["tokens"] == 96
+    assert_close(out, _reference(case, impl, sinks).to(out.dtype), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_kv_cache_with_per_tensor_scales(dtype):
+    case = Case(MIXED_NEW, MIXED_CACHED, dtype=dtype, fp8=True, seed=11)
+    sinks = torch.randn(case.hq)
+    md = _builder(case.facts(has_sinks=True)).build(0, case.common())
+    impl = _impl(case, sinks=sinks)
+    out = _run(case, impl, md)
+    assert not out.isnan().any()
+    # FP8 KV is judged against the reference on the dequantised cache, with the bf16 bounds.
+    assert_close(out.float(), _reference(case, impl, sinks).float(), torch.bfloat16)
+
+
+def test_decode_splits_match_single_split():
+    case = Case([1, 1, 1], [300, 17, 513], seed=5)
+    sinks = torch.randn(case.hq)
+    facts = case.facts(has_sinks=True)
+    md = _builder(facts).build(0, case.common())
+    impl = _impl(case, sinks=sinks)
+    impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, case.slot_mapping)
+    want = _reference(case, impl, sinks).to(case.dtype)
+    for splits in (1, 3, 8):
+        md.num_splits = splits
+        out = torch.full_like(case.q, float("nan"))
+        impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
+        assert_close(out, want, torch.float32, what=f"{splits} splits")
+
+
+def test_padding_slots_are_skipped_and_profile_run_zero_fills():
+    case = Case([4], [0], seed=2)
+    impl = _impl(case)
+    before = case.kv_cache.clone()
+    slots = torch.tensor([-1, -1, -1, -1])
+    impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, slots)
+    assert torch.equal(before, case.kv_cache)
+    out = torch.full_like(case.q, float("nan"))
+    impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, None, out)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert np.isfinite(out.numpy()).all()
