@@ -25,12 +25,12 @@ from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 BS = 16
 
 
-def _builder(facts: ModelFacts, config: PlannerConfig | None = None) -> AtomMetadataBuilder:
+def _builder(facts: ModelFacts, config: PlannerConfig | None = None, device="cpu") -> AtomMetadataBuilder:
     """The real builder without a vLLM config: only what build() reads."""
     b = object.__new__(AtomMetadataBuilder)
     b.facts, b.config = facts, config or PlannerConfig()
-    b.platform = detect_platform(torch.device("cpu"))
-    b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, True, False, None
+    b.platform = detect_platform(torch.device(device))
+    b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, device == "cpu", False, None
     return b
 
 
@@ -75,12 +75,28 @@ class Case:
         qsl[1:] = torch.cumsum(torch.tensor(new), 0)
         self.qsl = qsl
         self.seq_lens = torch.tensor(total, dtype=torch.int32)
+        self.layout = layout
+
+    def to(self, device) -> "Case":
+        """The same case on another device, with the same KV layout (strides)."""
+        kv = self.kv_cache
+        if self.layout == "LBNHC":
+            raw = torch.empty(kv.shape[0], kv.shape[2], kv.shape[1], kv.shape[3], dtype=kv.dtype, device=device)
+            raw = raw.permute(0, 2, 1, 3)
+        else:
+            raw = torch.empty(kv.shape, dtype=kv.dtype, device=device)
+        raw.copy_(kv)
+        self.kv_cache = raw
+        for name in ("q", "k_new", "v_new", "slot_mapping", "qsl", "seq_lens", "block_table"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
 
     def common(self) -> CommonAttentionMetadata:
         return CommonAttentionMetadata(
-            query_start_loc=self.qsl, query_start_loc_cpu=self.qsl, seq_lens=self.seq_lens, num_reqs=len(self.new),
+            query_start_loc=self.qsl, query_start_loc_cpu=self.qsl.cpu(), seq_lens=self.seq_lens, num_reqs=len(self.new),
             num_actual_tokens=int(self.qsl[-1]), max_query_len=max(self.new), max_seq_len=int(self.seq_lens.max()),
-            block_table_tensor=self.block_table, slot_mapping=self.slot_mapping, seq_lens_cpu_upper_bound=self.seq_lens)
+            block_table_tensor=self.block_table, slot_mapping=self.slot_mapping,
+            seq_lens_cpu_upper_bound=self.seq_lens.cpu())
 
     def facts(self, **kw) -> ModelFacts:
         dt = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
@@ -104,9 +120,9 @@ def _reference(case: Case, impl: AtomAttentionImpl, sinks):
     if case.fp8:
         k_cache = ref.dequant_per_tensor(k_cache.view(torch.float8_e4m3fn), LAYER._k_scale_float)
         v_cache = ref.dequant_per_tensor(v_cache.view(torch.float8_e4m3fn), LAYER._v_scale_float)
-    o, _ = ref.paged_attention(case.q.double(), k_cache.double(), v_cache.double(), case.qsl, case.block_table,
-                               case.seq_lens, scale=impl.scale, window=impl.sliding_window,
-                               softcap=impl.logits_soft_cap, sinks=None if sinks is None else sinks.double())
+    o, _ = ref.paged_attention(case.q.cpu().double(), k_cache.cpu().double(), v_cache.cpu().double(), case.qsl.cpu(),
+                               case.block_table.cpu(), case.seq_lens.cpu(), scale=impl.scale, window=impl.sliding_window,
+                               softcap=impl.logits_soft_cap, sinks=None if sinks is None else sinks.cpu().double())
     return o
 
 
