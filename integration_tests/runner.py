@@ -69,7 +69,6 @@ def main() -> None:
 
         out["atom"] = {"counters": dict(md.COUNTERS), "gather": dict(gather.STATS),
                        "second_prefills": list(md.PREFILL_LOG)[state.get("before_second", 0):]}
-        from vllm.forward_context import get_forward_context  # noqa: F401
     except ImportError:
         pass
     print("RESULT " + json.dumps(out))

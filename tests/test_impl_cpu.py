@@ -17,7 +17,7 @@ from atom_backend import gather as atom_gather  # noqa: E402
 from atom_backend import reference as ref  # noqa: E402
 from atom_backend.backend import split_kv_cache  # noqa: E402
 from atom_backend.impl import AtomAttentionImpl  # noqa: E402
-from atom_backend.metadata import AtomMetadataBuilder, detect_platform  # noqa: E402
+from atom_backend.metadata import AtomMetadataBuilder, detect_platform, kv_format  # noqa: E402
 from atom_backend.planner import ModelFacts, PlannerConfig, Reason  # noqa: E402
 from atom_backend.tolerances import assert_close  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
@@ -100,7 +100,7 @@ class Case:
 
     def facts(self, **kw) -> ModelFacts:
         dt = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
-        kv = ("fp8_e4m3", "per_tensor") if self.fp8 else ("fp16" if dt == "fp32" else dt, "none")
+        kv = kv_format("fp8" if self.fp8 else "auto", self.dtype, "cpu")
         return ModelFacts(num_q_heads=self.hq, num_kv_heads=self.hk, head_dim=self.d, dtype=dt, kv_dtype=kv[0],
                           kv_scale_mode=kv[1], page_size=BS, **kw)
 
@@ -230,3 +230,20 @@ def test_padding_slots_are_skipped_and_profile_run_zero_fills():
     impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, None, out)
     assert torch.equal(out, torch.zeros_like(out))
     assert np.isfinite(out.numpy()).all()
+
+
+def test_routed_away_requests_log_their_reason_and_counters_file(caplog, tmp_path):
+    import json
+    import logging
+
+    case = Case(MIXED_NEW, MIXED_CACHED, seed=1)
+    b = _builder(case.facts())
+    b._counter_file = str(tmp_path / "counters.json")
+    with caplog.at_level(logging.DEBUG, logger="atom_backend"):
+        b.build(0, case.common())
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("request 2 (new=3, cached=0) -> unified (reason: small_prefill)" in m for m in msgs), msgs
+    assert any("request 3 (new=9, cached=700) -> unified (reason: gather_cost)" in m for m in msgs), msgs
+    data = json.loads((tmp_path / "counters.json").read_text())
+    assert data["counters"]["batches"] >= 1 and data["counters"]["mixed_batches"] >= 1
+    assert [45, "varlen"] in [[c, p] for _, c, p, _ in data["prefills"]]
