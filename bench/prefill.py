@@ -141,6 +141,9 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
 
 
 SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 32/8 d128 1x16k")
+# Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
+WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 2, wgmma=True)],
+            64: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 3, wgmma=True)]}
 C = prefill.Config
 # exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
 SWEEP = {
@@ -201,8 +204,20 @@ def main(argv=None):
             okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
+        wg = prefill.WGMMA_CONFIGS
+        if prefill.config_for(d, kw.get("window", 0), prefill._default_arch()).wgmma:
+            prefill.WGMMA_CONFIGS = {}  # the portable mma.sync kernel on the same device
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(mma.sync)")
+            prefill.WGMMA_CONFIGS = wg
+            if args.sweep and d in WG_SWEEP:
+                for cfg in WG_SWEEP[d]:
+                    prefill.WGMMA_CONFIGS = {**wg, d: cfg}
+                    measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
+                            f"ours wgmma w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}")
+                prefill.WGMMA_CONFIGS = wg
         if args.sweep and label in SWEEP_SHAPES:
             base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)
+            prefill.WGMMA_CONFIGS = {}
             for cfg in SWEEP[d]:
                 prefill.CONFIGS[d] = cfg
                 if wbase is not None:
@@ -213,6 +228,7 @@ def main(argv=None):
             prefill.CONFIGS[d] = base
             if wbase is not None:
                 prefill.WINDOW_CONFIGS[d] = wbase
+            prefill.WGMMA_CONFIGS = wg
         dense = all(s == seqs[0] for s in seqs)
         if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
             # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.
@@ -233,7 +249,7 @@ def main(argv=None):
     for label, impls in by.items():
         ours = impls.get("ours")
         parts = [f"ours {ours:.0f}" if ours else "ours n/a"]
-        for peer in ("ours(device order)", "sdpa-flash", "sdpa-cudnn", "flex", "triton-unified"):
+        for peer in ("ours(device order)", "ours(mma.sync)", "sdpa-flash", "sdpa-cudnn", "flex", "triton-unified"):
             if impls.get(peer):
                 parts.append(f"{peer} {impls[peer]:.0f} ({ours / impls[peer]:.2f}x)" if ours else f"{peer} {impls[peer]:.0f}")
         print(f"  {label:<38} " + ", ".join(parts))

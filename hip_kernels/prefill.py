@@ -14,13 +14,15 @@ the lengths on the host (vLLM's metadata builder does) passes `work=work_items(.
 sorted longest first with no empty items; copy it to the device once per batch.
 
 Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off), plus a
-shorter row tile for d = 64/128 under small sliding windows (config_for).
+shorter row tile for d = 64/128 under small sliding windows, plus the Hopper wgmma kernel for
+d = 64/128 (WGMMA_CONFIGS, picked on sm_90a devices; config_for).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,13 +45,16 @@ class Config:
     warp_m_tiles: int = 1  # 16-row tiles per warp: >1 reuses each K/V fragment for more rows
     exp_poly: int = 0  # key groups (of block_n / 16) whose exp2 runs on the FMA pipe
     extra: tuple = ()  # further (name, value) defines: bench experiments only
+    wgmma: bool = False  # Hopper warpgroup MMAs (num_warps / 4 warpgroups of 64 rows; sm_90a only)
 
     @property
     def block_m(self) -> int:
         return 16 * self.warp_m_tiles * self.num_warps
 
     def smem_bytes(self, head_dim: int) -> int:
-        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n)
+        # Q tile + `stages` K tiles + `stages` V tiles; wgmma's swizzle atoms need 1024-byte
+        # alignment, which the kernel gets by rounding up inside 1024 bytes of slack.
+        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if self.wgmma else 0)
 
 
 # Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: ~245 (d=64, two
@@ -59,13 +64,37 @@ CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
 SMALL_WINDOW = 1024
 WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
+# Hopper (sm_90a): two warpgroups x 64 rows, wgmma with K/V tiles of 128 keys straight from shared
+# memory (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without
+# knowing the device stays valid. Small windows keep WINDOW_CONFIGS.
+WGMMA_CONFIGS = {64: Config(8, 128, 2, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
+WGMMA_ARCHS = ("sm_90a",)
 
 
-def config_for(head_dim: int, window: int = 0) -> Config:
-    """The tile shape a launch with this head dim and window uses."""
+def config_for(head_dim: int, window: int = 0, arch: str | None = None) -> Config:
+    """The tile shape a launch with this head dim and window uses on `arch` (None: portable)."""
     if 0 < window <= SMALL_WINDOW and head_dim in WINDOW_CONFIGS:
         return WINDOW_CONFIGS[head_dim]
+    if arch in WGMMA_ARCHS and head_dim in WGMMA_CONFIGS:
+        return WGMMA_CONFIGS[head_dim]
     return CONFIGS[head_dim]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(device) -> str:
+    from hip_kernels import runtime
+
+    return runtime.device_arch(device)
+
+
+def _default_arch() -> str | None:
+    """Arch of the current torch device, or None without a GPU (host-only callers)."""
+    try:
+        if torch.cuda.is_available():
+            return _device_arch(torch.device("cuda", torch.cuda.current_device()))
+    except Exception:  # no usable device: the portable tile shape
+        pass
+    return None
 
 
 def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
@@ -75,22 +104,26 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
+    if cfg.wgmma:
+        defines["WGMMA"] = 1
     return Variant(SOURCE, KERNEL, defines)
 
 
 def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
-    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items())
+    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items())
     return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)]
 
 
 def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, window: int = 0,
-               sink_tokens: int = 0) -> torch.Tensor:
+               sink_tokens: int = 0, arch: str | None = None) -> torch.Tensor:
     """Host-built work list: int32 [n, 2] of (request, q tile), most visible keys first.
 
     `seqlens_q` / `seqlens_k` are per-request lengths known on the host (Python ints). The
-    result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking)."""
-    bm = config_for(head_dim, window).block_m
+    result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking).
+    `arch`: the device the list is for (default: the current torch device, if any); q tiles
+    are BLOCK_M rows of the tile shape that device launches."""
+    bm = config_for(head_dim, window, arch or _default_arch()).block_m
     items = []
     for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
         sq, sk = int(sq), int(sk)
@@ -196,7 +229,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return_lse = True
     lse = lse_out if lse_out is not None else \
         torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    cfg = config_for(d, window)
+    cfg = config_for(d, window, _device_arch(q.device) if q.is_cuda else None)
     if work is not None:
         if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
                 or work.shape[1] != 2 or not work.is_contiguous():
@@ -229,4 +262,5 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     return (out, lse) if return_lse else out
 
 
-__all__ = ["varlen_attention", "variants", "work_items", "config_for", "CONFIGS", "WINDOW_CONFIGS", "HEAD_DIMS"]
+__all__ = ["varlen_attention", "variants", "work_items", "config_for", "CONFIGS", "WINDOW_CONFIGS", "WGMMA_CONFIGS",
+           "HEAD_DIMS"]

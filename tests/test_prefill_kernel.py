@@ -4,7 +4,8 @@ GPU tests (-m gpu) cover every must-have case of DESIGN.md that applies to packe
 prefix hits (sq < sk) and sq == 1 rows inside a prefill batch, GQA ratios 1/4/8 and MQA, windows
 smaller than / equal to / larger than sk, StreamingLLM sink tokens 0/1/8, per-head sink logits,
 soft-cap, empty sequences, lengths on and one past a KV tile boundary, non-causal, head dims
-64/128/256, bf16 and fp16, both work orders (device default and the host-sorted list).
+64/128/256, bf16 and fp16, both work orders (device default and the host-sorted list), and both
+kernels on Hopper: the wgmma one (forced for small windows too) and the portable mma.sync one.
 CPU tests: launch validation, the host work list, and an NVRTC/clang compile of the variants.
 """
 
@@ -79,24 +80,60 @@ def _run_case(seqs, hq, hk, d, kw, dtype, use_work, seed=0):
     assert_lse_close(lse.cpu(), lse_ref, dtype, "lse")
 
 
+def _force_path(path, monkeypatch):
+    """'wgmma': the Hopper kernel wherever the device has it (small windows included);
+    'portable': the mma.sync / MFMA kernel everywhere."""
+    if path == "wgmma":
+        monkeypatch.setattr(prefill, "SMALL_WINDOW", 0)
+    else:
+        monkeypatch.setattr(prefill, "WGMMA_CONFIGS", {})
+
+
+def _is_wgmma(d, window=0) -> bool:
+    return prefill.config_for(d, window, prefill._default_arch()).wgmma
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_vs_reference(name, dtype):
+def test_vs_reference(name, dtype, path, monkeypatch):
     seqs, hq, hk, d, kw = CASES[name]
+    _force_path(path, monkeypatch)
+    if path == "wgmma" and not _is_wgmma(d, kw.get("window", 0)):
+        pytest.skip(f"no wgmma kernel for d={d} on this device")
     _run_case(seqs, hq, hk, d, kw, dtype, use_work=False)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sink_tokens_8", "empty_seqs", "sinks_gptoss"])
-def test_host_work_list(name):
+@pytest.mark.parametrize("cfg", [(8, 64, 3), (8, 128, 3), (8, 64, 2)], ids=lambda c: "w{}n{}s{}".format(*c))
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks",
+                                  "empty_seqs", "tile_edges_d64", "window_large_tile"])
+def test_wgmma_tile_configs(name, cfg, monkeypatch):
+    # Every wgmma tile shape that bench --sweep times stays correct (K/V tiles of 64 or 128 keys,
+    # rings of 2 or 3 stages).
     seqs, hq, hk, d, kw = CASES[name]
+    _force_path("wgmma", monkeypatch)
+    monkeypatch.setitem(prefill.WGMMA_CONFIGS, d, prefill.Config(*cfg, wgmma=True))
+    if not _is_wgmma(d, kw.get("window", 0)):
+        pytest.skip("no wgmma on this device")
+    _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sink_tokens_8", "empty_seqs", "sinks_gptoss"])
+def test_host_work_list(name, path, monkeypatch):
+    seqs, hq, hk, d, kw = CASES[name]
+    _force_path(path, monkeypatch)
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=1)
 
 
 @pytest.mark.gpu
-def test_long_prefix_and_fresh_inputs():
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
+def test_long_prefix_and_fresh_inputs(path, monkeypatch):
     # Several hundred KV tiles per CTA and a fresh seed: the ring's stage reuse over a long walk.
+    _force_path(path, monkeypatch)
     _run_case([(256, 4096), (1000, 1000)], 8, 1, 128, {}, torch.bfloat16, use_work=False, seed=7)
 
 
@@ -181,12 +218,24 @@ def test_work_items_longest_first_and_complete():
 
 def test_variants_cover_every_launch():
     names = {v.name for v in prefill.variants()}
-    for d in prefill.HEAD_DIMS:
-        for window in (0, 128, prefill.SMALL_WINDOW, prefill.SMALL_WINDOW + 1):
-            for code in (0, 1):
-                for sc in (False, True):
-                    assert prefill._variant(d, code, sc, prefill.config_for(d, window)).name in names
-    assert len(names) == len(prefill.variants()) == 20
+    for arch in (None, "sm_80", "sm_90a", "gfx942"):
+        for d in prefill.HEAD_DIMS:
+            for window in (0, 128, prefill.SMALL_WINDOW, prefill.SMALL_WINDOW + 1):
+                for code in (0, 1):
+                    for sc in (False, True):
+                        assert prefill._variant(d, code, sc, prefill.config_for(d, window, arch)).name in names
+    assert len(names) == len(prefill.variants()) == 28
+
+
+def test_wgmma_only_on_hopper_and_same_block_m():
+    for d in (64, 128):
+        assert prefill.config_for(d, 0, "sm_90a").wgmma
+        assert not prefill.config_for(d, 0, "sm_80").wgmma and not prefill.config_for(d, 0, "gfx942").wgmma
+        assert not prefill.config_for(d, 128, "sm_90a").wgmma  # small windows: shorter row tiles
+        # a work list built where the device is unknown stays valid on Hopper
+        assert prefill.config_for(d, 0, "sm_90a").block_m == prefill.config_for(d, 0, None).block_m
+    assert not prefill.config_for(256, 0, "sm_90a").wgmma
+    assert prefill.WGMMA_CONFIGS[128].smem_bytes(128) <= 227 * 1024
 
 
 def _compile_or_skip(arch, variant):
@@ -198,17 +247,20 @@ def _compile_or_skip(arch, variant):
         pytest.skip(str(e))
 
 
+@pytest.mark.parametrize("wgmma", [False, True], ids=["portable", "wgmma"])
 @pytest.mark.parametrize("arch", ["sm_90a", "gfx942"])
-def test_compiles_without_spills(arch, tmp_path, monkeypatch):
+def test_compiles_without_spills(arch, wgmma, tmp_path, monkeypatch):
     from hip_kernels import runtime
 
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    c = _compile_or_skip(arch, prefill._variant(128, 0, False))
+    c = _compile_or_skip(arch, prefill._variant(128, 0, False, prefill.WGMMA_CONFIGS[128] if wgmma else None))
     assert c.binary[:4] == b"\x7fELF"
     use = runtime.resource_usage(c)
     if arch.startswith("sm_"):
         assert use.get("spill_stores", 0) == 0 and use.get("spill_loads", 0) == 0, use
+        # ptxas serialises wgmma it cannot prove warpgroup-uniform (warning C7519/C7520...)
+        assert "serialized" not in c.log, c.log
     else:
         assert use.get("vgpr_spills", 0) == 0, use
 
@@ -221,6 +273,7 @@ def test_other_tile_configs(name, cfg, monkeypatch):
     # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, exp2
     # on the FMA pipe for some key groups (p4: all of them), etc.
     seqs, hq, hk, d, kw = CASES[name]
+    _force_path("portable", monkeypatch)
     monkeypatch.setitem(prefill.CONFIGS, d, prefill.Config(*cfg))
     monkeypatch.setitem(prefill.WINDOW_CONFIGS, d, prefill.Config(*cfg))
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=3)

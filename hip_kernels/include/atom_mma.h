@@ -35,6 +35,13 @@
 #define ATOM_MFMA 0
 #endif
 #define ATOM_MMA_AVAILABLE (ATOM_MMA_SYNC || ATOM_MFMA)
+// Warpgroup MMAs (wgmma.mma_async, Hopper): only in arch-specific sm_90a code (NVRTC / nvcc
+// define __CUDA_ARCH_FEAT_SM90_ALL there); a plain sm_90 or any other target has none.
+#if ATOM_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATOM_HAS_WGMMA 1
+#else
+#define ATOM_HAS_WGMMA 0
+#endif
 // Asynchronous global -> shared copies (the loop overlaps them with math when they exist).
 #define ATOM_ASYNC_COPY ATOM_MMA_SYNC
 
@@ -296,6 +303,147 @@ ATOM_DEV void mma(acc_t& c, const op_t& a, const op_t& b) {
   __builtin_trap();
 #endif
 }
+
+
+// ---------------------------------------------------------------------------------------------
+// Warpgroup MMAs (ATOM_HAS_WGMMA): 4 consecutive warps (a warpgroup, starting at a warp index
+// divisible by 4) compute D[64 x N] (+)= A[64 x 16] * B[16 x N] asynchronously, B (and A, or A from
+// registers) read straight from shared memory through 64-bit descriptors.
+//
+// Shared-memory layout (sw128<ROWS>): a [ROWS][COLS] block of 16-bit elements is stored as
+// COLS/64 column panels [ROWS][64], each row 128 bytes with its 16-byte chunks XOR-swizzled by
+// (row & 7): the "128-byte swizzle" canonical layout of wgmma. The same bytes serve a K-major
+// operand (rows = M or N, columns = K: Q and K tiles) and an MN-major one (rows = K, columns = N:
+// V as [key][dim], with the transpose flag). Panels must start 1024-byte aligned.
+//
+// Accumulators: D's 64 rows are 16 per warp (warp w of the group owns rows 16w..16w+15), and
+// within a warp every 16 columns are exactly an acc_t (same get_i / get_j / row_slot), so the
+// softmax code written for acc_t runs unchanged; to_operand() of an accumulator tile is the
+// register A fragment of the next wgmma (P = S in attention).
+// ---------------------------------------------------------------------------------------------
+namespace wgmma {
+
+template <int ROWS>
+struct sw128 {
+  static_assert(ROWS % 8 == 0, "panels hold whole 8-row swizzle atoms");
+  static ATOM_DEV int off(int row, int col) {
+    return (col >> 6) * (ROWS * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+  }
+};
+
+#if ATOM_HAS_WGMMA
+// Descriptor fields (16-byte units): start address [0,14), leading byte offset [16,30), stride byte
+// offset [32,46), layout [62,64) (1 = 128-byte swizzle).
+ATOM_DEV u64 desc_bits(const void* smem, u32 lbo_bytes, u32 sbo_bytes) {
+  const u32 a = (u32)__cvta_generic_to_shared(smem);
+  return (u64)((a >> 4) & 0x3fffu) | ((u64)((lbo_bytes >> 4) & 0x3fffu) << 16) |
+         ((u64)((sbo_bytes >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
+// K-major operand (rows = M or N, 64 K-columns per panel): 8-row groups 1024 bytes apart; the
+// K offset inside a panel (multiples of 16 elements = 32 bytes) is added to the start address.
+ATOM_DEV u64 desc_k(const u16* panel_row0_col) { return desc_bits(panel_row0_col, 16, 1024); }
+// MN-major operand of ROWS K-rows (64 N-columns per panel): N panels ROWS * 128 bytes apart
+// (leading byte offset), 8-row K groups 1024 bytes apart (stride byte offset).
+template <int ROWS>
+ATOM_DEV u64 desc_mn(const u16* krow0) { return desc_bits(krow0, ROWS * 128, 1024); }
+
+// Rounds a shared-memory pointer up to 1024 bytes (swizzle atoms must start there).
+ATOM_DEV void* align1024(void* smem) {
+  const u32 a = (u32)__cvta_generic_to_shared(smem);
+  return static_cast<unsigned char*>(smem) + (((a + 1023u) & ~1023u) - a);
+}
+
+// wgmma.fence before the first MMA of a batch whose registers (accumulators, A) were written.
+ATOM_DEV void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+ATOM_DEV void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+ATOM_DEV void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Ordinary (and cp.async) shared-memory writes become visible to wgmma's async proxy.
+ATOM_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins register values around async MMAs (the compiler must not move their reads or writes
+// across a wait).
+template <int NT_>
+ATOM_DEV void fence_regs(acc_t (&d)[NT_]) {
+#pragma unroll
+  for (int t = 0; t < NT_; ++t)
+#pragma unroll
+    for (int e = 0; e < acc_t::ne; ++e) asm volatile("" : "+f"(d[t].x[e])::"memory");
+}
+template <int NT_>
+ATOM_DEV void fence_regs(op_t (&a)[NT_]) {
+#pragma unroll
+  for (int t = 0; t < NT_; ++t)
+#pragma unroll
+    for (int e = 0; e < op_t::ne; ++e) asm volatile("" : "+r"(a[t].x[e])::"memory");
+}
+
+// op<N, DT>::ss(d, da, db, scale_d): d[N/16] (+)= A(desc) * B(desc)^T, both K-major (scale_d = 0
+// overwrites d). op<N, DT>::rs_t(d, a, db): d += a * B with a in registers, B MN-major.
+// (Generated: one asm per shape and dtype; operands are the N/2 accumulator floats of a lane.)
+template <int N, class DT> struct op;
+template <> struct op<64, bf16_t> {
+  static ATOM_DEV void ss(acc_t* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7])
+                 : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // B given MN-major (tnspB = 1), e.g. V stored [key][dim].
+  static ATOM_DEV void rs_t(acc_t* d, const op_t& a, u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct op<64, f16_t> {
+  static ATOM_DEV void ss(acc_t* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7])
+                 : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // B given MN-major (tnspB = 1), e.g. V stored [key][dim].
+  static ATOM_DEV void rs_t(acc_t* d, const op_t& a, u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct op<128, bf16_t> {
+  static ATOM_DEV void ss(acc_t* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7])
+                 : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // B given MN-major (tnspB = 1), e.g. V stored [key][dim].
+  static ATOM_DEV void rs_t(acc_t* d, const op_t& a, u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct op<128, f16_t> {
+  static ATOM_DEV void ss(acc_t* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7])
+                 : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // B given MN-major (tnspB = 1), e.g. V stored [key][dim].
+  static ATOM_DEV void rs_t(acc_t* d, const op_t& a, u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(1));
+  }
+};
+#endif  // ATOM_HAS_WGMMA
+
+}  // namespace wgmma
 
 }  // namespace mma
 }  // namespace atom
