@@ -141,9 +141,6 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
 
 
 SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 32/8 d128 1x16k")
-# Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
-WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 2, wgmma=True)],
-            64: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 3, wgmma=True)]}
 C = prefill.Config
 # exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
 SWEEP = {
@@ -152,6 +149,11 @@ SWEEP = {
     64: [C(8, 64, 2, 2), C(8, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)), C(4, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)),
          C(4, 64, 2, 2, extra=(("DIAG", 2),)), C(4, 64, 3, 2)],
 }
+
+
+# Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
+WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 2, wgmma=True)],
+            64: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 3, wgmma=True)]}
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):
