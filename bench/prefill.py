@@ -174,7 +174,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the 4k shapes only")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs of our kernel")
+    ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs of our kernels")
+    ap.add_argument("--wg-sweep", action="store_true", help="only the wgmma tile configs of --sweep")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     print(f"device: {device_name()}  torch {torch.__version__}")
@@ -211,7 +212,7 @@ def main(argv=None):
             prefill.WGMMA_CONFIGS = {}  # the portable mma.sync kernel on the same device
             measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(mma.sync)")
             prefill.WGMMA_CONFIGS = wg
-            if args.sweep and d in WG_SWEEP:
+            if (args.sweep or args.wg_sweep) and d in WG_SWEEP:
                 for cfg in WG_SWEEP[d]:
                     prefill.WGMMA_CONFIGS = {**wg, d: cfg}
                     measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
