@@ -152,8 +152,8 @@ SWEEP = {
 
 
 # Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
-WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 2, wgmma=True)],
-            64: [C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True), C(12, 64, 3, wgmma=True)]}
+WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 2, wgmma=True), C(12, 64, 2, wgmma=True)],
+            64: [C(8, 64, 2, wgmma=True), C(8, 128, 2, wgmma=True), C(12, 64, 3, wgmma=True)]}
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):

@@ -64,10 +64,10 @@ CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
 SMALL_WINDOW = 1024
 WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
-# Hopper (sm_90a): two warpgroups x 64 rows, wgmma with K/V tiles of 128 keys straight from shared
+# Hopper (sm_90a): two warpgroups x 64 rows, wgmma with K/V tiles straight from shared
 # memory (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without
 # knowing the device stays valid. Small windows keep WINDOW_CONFIGS.
-WGMMA_CONFIGS = {64: Config(8, 128, 2, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
+WGMMA_CONFIGS = {64: Config(8, 64, 3, wgmma=True), 128: Config(8, 128, 3, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
 
 
