@@ -152,8 +152,10 @@ SWEEP = {
 
 
 # Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
-WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(8, 128, 2, wgmma=True), C(12, 64, 2, wgmma=True)],
-            64: [C(8, 64, 2, wgmma=True), C(8, 128, 2, wgmma=True), C(12, 64, 3, wgmma=True)]}
+WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(12, 64, 2, wgmma=True), C(8, 64, 3, wgmma=True, producer=True),
+                  C(8, 64, 4, wgmma=True, producer=True), C(8, 128, 2, wgmma=True, producer=True)],
+            64: [C(8, 64, 2, wgmma=True), C(8, 128, 2, wgmma=True), C(8, 64, 3, wgmma=True, producer=True),
+                 C(8, 64, 4, wgmma=True, producer=True), C(8, 128, 2, wgmma=True, producer=True)]}
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):
@@ -216,7 +218,7 @@ def main(argv=None):
                 for cfg in WG_SWEEP[d]:
                     prefill.WGMMA_CONFIGS = {**wg, d: cfg}
                     measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
-                            f"ours wgmma w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}")
+                            f"ours wgmma w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}" + (" +producer" if cfg.producer else ""))
                 prefill.WGMMA_CONFIGS = wg
         if args.sweep and label in SWEEP_SHAPES:
             base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)

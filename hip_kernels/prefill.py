@@ -46,6 +46,7 @@ class Config:
     exp_poly: int = 0  # key groups (of block_n / 16) whose exp2 runs on the FMA pipe
     extra: tuple = ()  # further (name, value) defines: bench experiments only
     wgmma: bool = False  # Hopper warpgroup MMAs (num_warps / 4 warpgroups of 64 rows; sm_90a only)
+    producer: bool = False  # wgmma only: + one warp that does every copy (mbarrier ring, no block barrier)
 
     @property
     def block_m(self) -> int:
@@ -54,7 +55,11 @@ class Config:
     def smem_bytes(self, head_dim: int) -> int:
         # Q tile + `stages` K tiles + `stages` V tiles; wgmma's swizzle atoms need 1024-byte
         # alignment, which the kernel gets by rounding up inside 1024 bytes of slack.
-        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if self.wgmma else 0)
+        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if self.wgmma else 0) \
+            + (256 if self.producer else 0)  # the ring's mbarriers
+
+    def threads(self, warp_size: int) -> int:
+        return (self.num_warps + int(self.producer)) * warp_size
 
 
 # Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: ~245 (d=64, two
@@ -106,6 +111,8 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
                "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
     if cfg.wgmma:
         defines["WGMMA"] = 1
+    if cfg.producer:
+        defines["WS"] = 1
     return Variant(SOURCE, KERNEL, defines)
 
 
@@ -254,7 +261,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         a, c = scale / softcap, softcap * _LOG2E
     else:
         a, c = scale * _LOG2E, 0.0
-    kern((hq, n_y), cfg.num_warps * wsize,
+    kern((hq, n_y), cfg.threads(wsize),
          q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
          q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
          batch, hq // hk, max_tiles, int(causal), window, sink_tokens, runtime.f32(a), runtime.f32(c),

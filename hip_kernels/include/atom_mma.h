@@ -360,6 +360,32 @@ template <int N>
 ATOM_DEV void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Ordinary (and cp.async) shared-memory writes become visible to wgmma's async proxy.
 ATOM_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Warpgroup index of the calling thread, as a value the compiler knows is warp-uniform (wgmma
+// under a branch on it is not serialised).
+ATOM_DEV int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)(tid_x() / 128), 0); }
+// Barrier over `threads` threads (whole warps) on hardware barrier `id` (0 is sync_block's).
+ATOM_DEV void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+
+// Shared-memory mbarriers (phase-parity waits).
+ATOM_DEV u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+ATOM_DEV void mbar_init(u64* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+ATOM_DEV void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+ATOM_DEV void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives (without adding to the expected count) once this thread's earlier cp.async copies land.
+ATOM_DEV void mbar_arrive_cp_async(u64* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// The spin loop stays inside the asm: to the compiler the wait is straight-line code, so the
+// wgmma after it is not in a divergent region.
+ATOM_DEV void mbar_wait(u64* bar, int parity) {
+  asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
+               ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
 // Pins register values around async MMAs (the compiler must not move their reads or writes
 // across a wait).
 template <int NT_>

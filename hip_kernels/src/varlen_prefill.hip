@@ -38,6 +38,9 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef WS
+#define WS 0  // wgmma path: + a producer warpgroup that does every copy (mbarrier ring)
+#endif
 #if WGMMA && ATOM_HAS_WGMMA
 #define PREFILL_WGMMA 1
 #else
@@ -175,13 +178,21 @@ static_assert(BN == 64 || BN == 128, "wgmma path: BLOCK_N 64 or 128");
 typedef wg::sw128<BM> LQ;  // Q (and the output staging): [D/64][BM][64]
 typedef wg::sw128<BN> LKV;  // K and V tiles: [D/64][BN][64]
 
+
+#if WS
+constexpr int NCP = ATOM_WARP_SIZE;  // copying threads: one producer warp after the warpgroups
+#else
+constexpr int NCP = NT;  // every thread copies
+#endif
+constexpr int NTB = NT + (WS ? ATOM_WARP_SIZE : 0);  // threads of the block
+
 template <int ROWS>
-ATOM_DEV void copy_rows_sw128(u16* dst, const u16* __restrict__ src, i64 row_stride, int row0, int limit) {
-  constexpr int PER = (ROWS * CPR + NT - 1) / NT;
+ATOM_DEV void copy_rows_sw128(u16* dst, const u16* __restrict__ src, i64 row_stride, int row0, int limit, int ct) {
+  constexpr int PER = (ROWS * CPR + NCP - 1) / NCP;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int c = (int)tid_x() + i * NT;
-    if ((ROWS * CPR) % NT == 0 || c < ROWS * CPR) {
+    const int c = ct + i * NCP;
+    if ((ROWS * CPR) % NCP == 0 || c < ROWS * CPR) {
       const int r = c / CPR, ch = c % CPR;
       const int gr = row0 + r;
       const bool ok = gr < limit;
@@ -191,7 +202,7 @@ ATOM_DEV void copy_rows_sw128(u16* dst, const u16* __restrict__ src, i64 row_str
 }
 }  // namespace atom_prefill
 
-extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NT, 1)
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, 1)
 varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                u16* __restrict__ o, float* __restrict__ lse, const i32* __restrict__ cu_q,
                const i32* __restrict__ cu_k, const i32* __restrict__ work, const float* __restrict__ sinks,
@@ -240,22 +251,62 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   const int n_iter = n_sink + imax(0, last - first);
   auto tile_of = [&](int it) { return it < n_sink ? it : first + (it - n_sink); };
 
+#if WS
+  static_assert(ATOM_WARP_SIZE == 32, "");
+  // One producer warp (after the consumer warpgroups) copies Q and every K / V tile; consumers
+  // wait on full[stage] and release empty[stage] (one arrival per consumer warp) once their MMAs
+  // reading it have completed. The warpgroups never meet at a block barrier, so they drift out
+  // of phase and one's softmax overlaps the other's MMAs.
+  u64* bars = reinterpret_cast<u64*>(sV + NST * TILE_ELEMS);
+  u64 *fullK = bars, *fullV = bars + NST, *emptyK = bars + 2 * NST, *emptyV = bars + 3 * NST, *fullQ = bars + 4 * NST;
+  if (tid_x() == 0) {
+    for (int s = 0; s < NST; ++s) {
+      wg::mbar_init(fullK + s, NCP);
+      wg::mbar_init(fullV + s, NCP);
+      wg::mbar_init(emptyK + s, 4 * NWG);
+      wg::mbar_init(emptyV + s, 4 * NWG);
+    }
+    wg::mbar_init(fullQ, NCP);
+    wg::mbar_init_fence();
+  }
+  sync_block();
+  const int wgi = wg::warpgroup_index();
+  if (wgi == NWG) {
+    const int ct = (int)lane_id();
+    copy_rows_sw128<BM>(sQ, qb, q_st, m0, sq, ct);
+    wg::mbar_arrive_cp_async(fullQ);
+    for (int it = 0; it < n_iter; ++it) {
+      const int s = it % NST, ph = ((it / NST) + 1) & 1;
+      const int j0 = tile_of(it) * BN;
+      if (it >= NST) wg::mbar_wait(emptyK + s, ph);
+      copy_rows_sw128<BN>(sK + s * TILE_ELEMS, kb, k_st, j0, sk, ct);
+      wg::mbar_arrive_cp_async(fullK + s);
+      if (it >= NST) wg::mbar_wait(emptyV + s, ph);
+      copy_rows_sw128<BN>(sV + s * TILE_ELEMS, vb, v_st, j0, sk, ct);
+      wg::mbar_arrive_cp_async(fullV + s);
+    }
+    mma::cp_async_wait<0>();
+    return;
+  }
+  const int grp = wgi;  // consumer warpgroup
+#else
+  constexpr int AHEAD = NST - 1;
   // Copy groups: group i holds K of iteration i and V of iteration i - 1 (iteration i multiplies
   // by V of the tile before); AHEAD groups are in flight before the first iteration.
-  constexpr int AHEAD = NST - 1;
-  copy_rows_sw128<BM>(sQ, qb, q_st, m0, sq);
+  const int ct = (int)tid_x();
+  copy_rows_sw128<BM>(sQ, qb, q_st, m0, sq, ct);
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < n_iter) copy_rows_sw128<BN>(sK + (s % NST) * TILE_ELEMS, kb, k_st, tile_of(s) * BN, sk);
-    if (s >= 1 && s - 1 < n_iter) copy_rows_sw128<BN>(sV + ((s - 1) % NST) * TILE_ELEMS, vb, v_st, tile_of(s - 1) * BN, sk);
+    if (s < n_iter) copy_rows_sw128<BN>(sK + (s % NST) * TILE_ELEMS, kb, k_st, tile_of(s) * BN, sk, ct);
+    if (s >= 1 && s - 1 < n_iter) copy_rows_sw128<BN>(sV + ((s - 1) % NST) * TILE_ELEMS, vb, v_st, tile_of(s - 1) * BN, sk, ct);
     mma::cp_async_commit();
   }
-
-  const int warp = (int)(tid_x() / ATOM_WARP_SIZE);
-  const int grp = warp / 4;                   // warpgroup
+  const int grp = (int)(tid_x() / 128);  // warpgroup
+#endif
+  const int warp = (int)((tid_x() / ATOM_WARP_SIZE) % 4);  // warp in the warpgroup
   const int wr0 = m0 + 64 * grp;              // first query row of the warpgroup
   const int wp_first = off + wr0, wp_last = off + wr0 + 63;
-  const int p_warp = wp_first + 16 * (warp % 4);  // position of this warp's first row
+  const int p_warp = wp_first + 16 * warp;  // position of this warp's first row
 
   acc_t oacc[D / 16], sacc[BN / 16];
   op_t pf[BN / 16];
@@ -279,15 +330,22 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // that is fully masked for one warpgroup's rows only gives it P = 0.
   // Start of iteration it: K(it) and V(it - 1) have landed for every thread, and every
   // warpgroup is done with the stages the next copies overwrite (K(it - 1), V(it - 2)).
+#if WS
+  auto wait_k = [&](int it) { wg::mbar_wait(fullK + it % NST, (it / NST) & 1); };
+  auto wait_v = [&](int it) { wg::mbar_wait(fullV + it % NST, (it / NST) & 1); };
+  auto free_k = [&](int it) { if (lane_id() == 0) wg::mbar_arrive(emptyK + it % NST); };
+  auto free_v = [&](int it) { if (lane_id() == 0) wg::mbar_arrive(emptyV + it % NST); };
+#else
   auto next_tile = [&](int it) {
     mma::cp_async_wait<AHEAD - 1>();
     wg::fence_proxy_async();
     sync_block();
     const int nk = it + AHEAD, nv = nk - 1;
-    if (nk < n_iter) copy_rows_sw128<BN>(sK + (nk % NST) * TILE_ELEMS, kb, k_st, tile_of(nk) * BN, sk);
-    if (nv < n_iter) copy_rows_sw128<BN>(sV + (nv % NST) * TILE_ELEMS, vb, v_st, tile_of(nv) * BN, sk);
+    if (nk < n_iter) copy_rows_sw128<BN>(sK + (nk % NST) * TILE_ELEMS, kb, k_st, tile_of(nk) * BN, sk, ct);
+    if (nv < n_iter) copy_rows_sw128<BN>(sV + (nv % NST) * TILE_ELEMS, vb, v_st, tile_of(nv) * BN, sk, ct);
     mma::cp_async_commit();
   };
+#endif
   auto issue_s = [&](int it) {  // S = Q K^T of tile it
     const u16* sKs = sK + (it % NST) * TILE_ELEMS;
 #pragma unroll
@@ -369,6 +427,39 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 
   if (n_iter > 0) {
     float alpha[acc_t::row_slots], rs[acc_t::row_slots];
+#if WS
+    wg::mbar_wait(fullQ, 0);
+    wait_k(0);
+    wg::fence_proxy_async();
+    wg::fence();
+    issue_s(0);
+    wg::wait<0>();
+    free_k(0);
+    softmax(0, alpha, rs);
+    finish(alpha, rs);
+    for (int it = 1; it < n_iter; ++it) {
+      wait_k(it);
+      wait_v(it - 1);
+      wg::fence_proxy_async();
+      wg::fence();
+      issue_s(it);
+      issue_pv(it - 1);
+      wg::wait<1>();
+      free_k(it);
+      softmax(it, alpha, rs);
+      wg::wait<0>();
+      free_v(it - 1);
+      wg::fence_regs(oacc);
+      wg::fence_regs(pf);
+      finish(alpha, rs);
+    }
+    wait_v(n_iter - 1);
+    wg::fence_proxy_async();
+    wg::fence();
+    issue_pv(n_iter - 1);
+    wg::wait<0>();
+    wg::fence_regs(oacc);
+#else
     next_tile(0);
     wg::fence();
     issue_s(0);
@@ -392,17 +483,17 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
     issue_pv(n_iter - 1);
     wg::wait<0>();
     wg::fence_regs(oacc);
+#endif
   }
 
-  // Epilogue: normalise (sink in the denominator), lse, stage O in the Q buffer, 16-byte stores.
-  mma::cp_async_wait<0>();
-  sync_block();
+  // Epilogue: normalise (sink in the denominator), lse, stage O in this warpgroup's Q rows (its
+  // own MMAs, the only readers, have completed), 16-byte stores of those 64 rows.
   {
     float inv[acc_t::row_slots];
 #pragma unroll
     for (int s = 0; s < acc_t::row_slots; ++s) {
       const float l = acc_t::row_sum(l_run[s]);
-      const int row = wr0 + 16 * (warp % 4) + acc_t::slot_row(s);
+      const int row = wr0 + 16 * warp + acc_t::slot_row(s);
       float lse_v = neg_inf();
       inv[s] = 0.f;
       if (l > 0.f) {
@@ -414,7 +505,7 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       }
       if (lse != nullptr && acc_t::row_leader() && row < sq) lse[(i64)(q0 + row) * (i64)gdim_x() + h] = lse_v;
     }
-    const int r0 = 64 * grp + 16 * (warp % 4);
+    const int r0 = 64 * grp + 16 * warp;
 #pragma unroll
     for (int dt = 0; dt < D / 16; ++dt)
 #pragma unroll
@@ -424,12 +515,12 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         *reinterpret_cast<u32*>(sQ + LQ::off(r0 + acc_t::get_i(e), dt * 16 + acc_t::get_j(e))) = w;
       }
   }
-  sync_block();
+  wg::bar_sync(1 + grp, 128);
 #pragma unroll
-  for (int i = 0; i < (BM * CPR + NT - 1) / NT; ++i) {
-    const int c = (int)tid_x() + i * NT;
-    const int r = c / CPR, ch = c % CPR;
-    if (c < BM * CPR && m0 + r < sq) {
+  for (int i = 0; i < 64 * CPR / 128; ++i) {
+    const int c = (int)(tid_x() % 128) + i * 128;
+    const int r = 64 * grp + c / CPR, ch = c % CPR;
+    if (m0 + r < sq) {
       u16* dst = o + (i64)(q0 + m0 + r) * o_st + (i64)h * o_sh + ch * 8;
       store16(dst, load16(sQ + LQ::off(r, ch * 8)));
     }
