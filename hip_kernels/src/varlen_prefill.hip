@@ -31,7 +31,9 @@
 //          tuning: NUM_WARPS, WARP_M_TILES (16-row tiles per warp), BLOCK_N, STAGES, MIN_BLOCKS,
 //          Q_IN_REGS, EXP_POLY (how many of the BLOCK_N/16 key groups take exp2 from a polynomial
 //          on the FMA pipe instead of the special-function unit), DIAG (timing experiments only:
-//          1 = no exp2, 2 = no softmax; results are wrong).
+//          1 = no exp2, 2 = no softmax; results are wrong); wgmma only: WS (0|1: a producer warp
+//          copies through an mbarrier ring instead of every thread + a block barrier per tile;
+//          correct, slower on H100: docs/perf/prefill.md).
 
 #include "atom_mma.h"
 
@@ -39,7 +41,7 @@
 #define WGMMA 0
 #endif
 #ifndef WS
-#define WS 0  // wgmma path: + a producer warpgroup that does every copy (mbarrier ring)
+#define WS 0  // wgmma path: + one producer warp that does every copy (mbarrier ring); slower, see docs
 #endif
 #if WGMMA && ATOM_HAS_WGMMA
 #define PREFILL_WGMMA 1
