@@ -206,7 +206,7 @@ def main(argv=None) -> None:
                                                 nbytes, "suggested for " + other)
             if args.mma_tune:
                 tunes = [{"KTILES": 1, "STAGES": 2}, {"KTILES": 1, "STAGES": 3}, {"KTILES": 1, "STAGES": 4},
-                         {"KTILES": 1, "STAGES": 6}, {"KTILES": 2, "STAGES": 2}, {"KTILES": 2, "STAGES": 3}]
+                         {"KTILES": 2, "STAGES": 2}]
                 sm = sug(b, ctx, "mma")
                 for t in tunes:
                     if kv == "bf16" and t["KTILES"] * t["STAGES"] > 4:

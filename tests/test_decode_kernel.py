@@ -301,10 +301,13 @@ def test_num_splits_one_vs_many_same_answer(kv):
     for o, lse in outs:
         assert_close(o.float(), o_ref, torch.bfloat16, "o vs reference")
         assert_lse_close(lse.float(), lse_ref, torch.bfloat16)
-    # fp32 partials: splits only reorder fp32 sums, far inside the bf16 bound.
+    # fp32 partials: splits only reorder fp32 sums, far inside the bf16 bound. The tensor-core
+    # kernel rounds P to 16 bits relative to each split's running max, so splits also change
+    # those roundings: held to the fp16 bound there.
+    close = torch.float32 if _IMPL["v"] != "mma" else torch.float16
     for o, lse in outs[1:]:
-        assert_close(o.float(), outs[0][0].float(), torch.float32, "o: splits=k vs splits=1")
-        assert_lse_close(lse.float(), outs[0][1].float(), torch.float32)
+        assert_close(o.float(), outs[0][0].float(), close, "o: splits=k vs splits=1")
+        assert_lse_close(lse.float(), outs[0][1].float(), close)
 
 
 @pytest.mark.gpu

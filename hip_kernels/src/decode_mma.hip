@@ -69,11 +69,10 @@ constexpr int KPW = 16 * NKT;  // keys per warp per chunk
 constexpr int CHUNK = NW * KPW;
 constexpr int KEYB = D * KV_BYTES;  // bytes of one key row (K or V) of one head
 constexpr int CPK = KEYB / 16;      // 16-byte copies per key row
-// Copies: LPK lanes per key (2 lanes read a 32-byte sector together), KPL keys per lane.
-constexpr int LPK = (WARP / KPW) > 2 ? (WARP / KPW) : 2;
-constexpr int KPL = KPW * LPK / WARP;
-constexpr int CPL = CPK / LPK;  // copies per lane per key, for K and for V each
-static_assert(KPL >= 1 && KPW * LPK == KPL * WARP && CPK % LPK == 0, "copies must spread evenly");
+// Copies: copy t of a lane moves part i % CPK of key i / CPK, i = lane + WARP * t, so that the
+// lanes of one copy instruction cover whole key rows (whole 128-byte lines).
+constexpr int NCP = KPW * CPK / WARP;  // copies per lane per chunk, for K and for V each
+static_assert(KPW <= WARP && KPW * CPK % WARP == 0, "copies must spread evenly over the lanes");
 #ifdef STAGES
 constexpr int NST = STAGES;
 #else
@@ -158,7 +157,10 @@ ATOM_DEV int odim(int T, int c) {
 
 }  // namespace atom_dmma
 
-extern "C" __global__ void ATOM_LAUNCH_BOUNDS(atom_dmma::NT) splitkv_decode_mma(
+#ifndef MIN_CTAS
+#define MIN_CTAS 1
+#endif
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_decode_mma(
     const unsigned short* __restrict__ q, long long q_stride_t, long long q_stride_h,
     const char* __restrict__ k_cache, const char* __restrict__ v_cache,
     long long k_page_bytes, long long k_tok_bytes, long long k_head_bytes,
@@ -275,40 +277,35 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(atom_dmma::NT) splitkv_decode_mma(
 
   char* ring = reinterpret_cast<char*>(smem) + Q_BYTES + warp * NST * STAGE_BYTES;
 
-  // Copies: lane owns keys kl * (WARP / LPK) + lane / LPK of the warp's chunk and their 16-byte
-  // parts (lane % LPK) + LPK * t. Page ids are looked up one chunk ahead, clamped into the pool.
-  int pid[KPL], slot[KPL];
+  // Page ids are looked up one chunk ahead, by lane k for key k of the warp's chunk (clamped into
+  // the pool; -1 past the split), and handed to the copying lanes by shuffles.
+  int pid = -1, slot = 0;
   auto lookup = [&](int c) {
-#pragma unroll
-    for (int kl = 0; kl < KPL; ++kl) {
-      const int v = c * CHUNK + warp * KPW + kl * (WARP / LPK) + lane / LPK;
-      pid[kl] = -1;
-      slot[kl] = 0;
-      if (v < vcount) {
-        const int j = key_of(v);
-        const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
-        pid[kl] = imin(imax(table[lp], 0), num_blocks - 1);
-        slot[kl] = j - lp * block_size;
-      }
+    const int v = c * CHUNK + warp * KPW + lane;
+    pid = -1;
+    slot = 0;
+    if (lane < KPW && v < vcount) {
+      const int j = key_of(v);
+      const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
+      pid = imin(imax(table[lp], 0), num_blocks - 1);
+      slot = j - lp * block_size;
     }
   };
   auto issue = [&](int c) {
     char* stg = ring + (c % NST) * STAGE_BYTES;
 #pragma unroll
-    for (int kl = 0; kl < KPL; ++kl) {
-      const int k = kl * (WARP / LPK) + lane / LPK;
-      const bool ok = pid[kl] >= 0;
-      const long long pk = ok ? (long long)pid[kl] * k_page_bytes + (long long)slot[kl] * k_tok_bytes : 0;
-      const long long pv = ok ? (long long)pid[kl] * v_page_bytes + (long long)slot[kl] * v_tok_bytes : 0;
-#pragma unroll
-      for (int t = 0; t < CPL; ++t) {
-        const int part = lane % LPK + LPK * t;
-        atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + pk + part * 16, ok);
-        atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + pv + part * 16, ok);
-      }
-      if (FP8 && per_page && lane % LPK == 0) {
+    for (int t = 0; t < NCP; ++t) {
+      const int i = lane + WARP * t;
+      const int k = i / CPK, part = i % CPK;
+      const int p = shfl_i(pid, k), sl = shfl_i(slot, k);
+      const bool ok = p >= 0;
+      const long long pk = ok ? (long long)p * k_page_bytes + (long long)sl * k_tok_bytes : 0;
+      const long long pv = ok ? (long long)p * v_page_bytes + (long long)sl * v_tok_bytes : 0;
+      atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + pk + part * 16, ok);
+      atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + pv + part * 16, ok);
+      if (FP8 && per_page && part == 0) {
         float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
-        const long long di = ok ? (long long)pid[kl] * num_kv_heads + g : 0;
+        const long long di = ok ? (long long)p * num_kv_heads + g : 0;
         atom::copy4_async(fac + k, k_descale + di, ok);
         atom::copy4_async(fac + KPW + k, v_descale + di, ok);
       }
