@@ -64,7 +64,7 @@ def _variant(head_dim: int, rows: int, q_code: int, kv_code: int):
 def _mma_defaults(kv_code: int) -> dict:
     """Tuning of the tensor-core kernel (docs/perf/decode.md): 16-key tiles per warp per chunk
     and ring depth."""
-    return {"KTILES": 1, "STAGES": 4 if kv_code >= 2 else 3, "MIN_CTAS": 1}
+    return {"KTILES": 1, "STAGES": 3 if kv_code >= 2 else 2, "MIN_CTAS": 1}
 
 
 def _mma_variant(head_dim: int, q_code: int, kv_code: int, tune=None):
