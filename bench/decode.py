@@ -69,17 +69,17 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
     return 2 * batch * ctx * HK * D * elem + 2 * batch * HQ * D * 2  # K + V, plus q and out
 
 
-def run_ours(c, splits, tune=None, with_combine=True):
+def run_ours(c, splits, tune=None, with_combine=True, impl=None):
     ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
     out = torch.empty_like(c["q"])
 
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, out=out, workspace=ws, **c["scales"])
+                                  num_splits=splits, out=out, workspace=ws, impl=impl, **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, workspace=ws, _tune=tune, **c["scales"])
+                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **c["scales"])
 
     return fn
 
@@ -145,6 +145,10 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", action="store_true", help="also time a range of split counts")
     ap.add_argument("--tune", action="store_true", help="also time UNROLL / STAGES alternatives")
     ap.add_argument("--json", default="", help="write all rows to this file")
+    ap.add_argument("--compare", action="store_true",
+                    help="also time the other kernel (CUDA-core 'fma' vs tensor-core 'mma') at its own suggested splits")
+    ap.add_argument("--mma-tune", action="store_true", help="time KTILES / STAGES alternatives of the mma kernel")
+    ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096,1x131072")
     args = ap.parse_args(argv)
 
     props = torch.cuda.get_device_properties(0)
@@ -165,11 +169,22 @@ def main(argv=None) -> None:
         return r
 
     summary = []
-    for shape in SHAPES:
+    shapes = SHAPES
+    if args.shapes:
+        shapes = tuple(tuple(int(x) for x in t.split("x")) for t in args.shapes.split(","))
+    arch = "sm_%d%d" % (props.major, props.minor) + ("a" if props.major == 9 else "")
+    default_impl = decode.choose_impl(arch, D, 0)
+
+    def sug(b, ctx, impl):
+        if impl == "mma":
+            return decode.suggest_num_splits(b, HK, ctx, sms, ctas_per_sm=decode.MMA_CTAS_PER_SM)
+        return decode.suggest_num_splits(b, HK, ctx, sms)
+
+    for shape in shapes:
         b, ctx = shape
         facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS)
         planned = decode_splits(b, ctx, facts, platform, cfg)
-        suggested = decode.suggest_num_splits(b, HK, ctx, sms)
+        suggested = sug(b, ctx, default_impl)
         peers = {}
         for name, fn in sdpa_fns(b, ctx).items():
             peers[name] = record(name, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, ctx, 2))
@@ -184,6 +199,21 @@ def main(argv=None) -> None:
             ours[kv] = record("ours", shape, kv, planned, bench_ms(run_ours(c, planned)), nbytes, "planned")
             ours[kv + "_sug"] = record("ours", shape, kv, suggested, bench_ms(run_ours(c, suggested)), nbytes,
                                        "suggest_num_splits")
+            if args.compare:
+                other = "fma" if default_impl == "mma" else "mma"
+                so = sug(b, ctx, other)
+                ours[kv + "_" + other] = record("ours_" + other, shape, kv, so, bench_ms(run_ours(c, so, impl=other)),
+                                                nbytes, "suggested for " + other)
+            if args.mma_tune:
+                tunes = [{"KTILES": 1, "STAGES": 2}, {"KTILES": 1, "STAGES": 3}, {"KTILES": 1, "STAGES": 4},
+                         {"KTILES": 2, "STAGES": 2}]
+                sm = sug(b, ctx, "mma")
+                for t in tunes:
+                    if kv == "bf16" and t["KTILES"] * t["STAGES"] > 4:
+                        continue  # over the shared memory of one SM at 2 CTAs
+                    for s_ in sorted({sm, max(1, sm // 2), 2 * sm} if b * HK < 132 * 4 else {sm, 2 * sm}):
+                        record("mma_partials", shape, kv, s_,
+                               bench_ms(run_ours(c, s_, tune=t, with_combine=False, impl="mma")), nbytes, json.dumps(t))
             if args.sweep:
                 for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
                     if s not in (planned, suggested) and b * HK * s <= 16 * sms * 8:

@@ -27,6 +27,13 @@ import torch
 SOURCE = "decode.hip"
 KERNEL = "splitkv_decode"
 NUM_THREADS = 128
+# Tensor-core kernel (src/decode_mma.hip): 16 rows per CTA, MMA_WARPS warps, dynamic shared memory.
+MMA_SOURCE = "decode_mma.hip"
+MMA_KERNEL = "splitkv_decode_mma"
+MMA_WARPS = 4
+MMA_ROWS = 16
+MMA_HEAD_DIMS = (64, 128)  # head_dim 256 would hold 128 fp32 accumulators per lane: CUDA-core kernel
+IMPLS = ("mma", "fma")
 HEAD_DIMS = (64, 128, 256)
 MAX_QUERY_TOKENS = 8  # speculative decoding: 1..8 new tokens per request
 _ROWS = (1, 2, 4, 8)
@@ -54,6 +61,32 @@ def _variant(head_dim: int, rows: int, q_code: int, kv_code: int):
     return Variant(SOURCE, KERNEL, defines)
 
 
+def _mma_defaults(kv_code: int) -> dict:
+    """Tuning of the tensor-core kernel (docs/perf/decode.md): 16-key tiles per warp per chunk
+    and ring depth."""
+    return {"KTILES": 1, "STAGES": 3 if kv_code >= 2 else 2, "MIN_CTAS": 1}
+
+
+def _mma_variant(head_dim: int, q_code: int, kv_code: int, tune=None):
+    from hip_kernels.runtime import Variant
+
+    defines = {"HEAD_DIM": head_dim, "Q_DTYPE": q_code, "KV_DTYPE": kv_code, "NUM_WARPS": MMA_WARPS,
+               **_mma_defaults(kv_code), **(tune or {})}
+    return Variant(MMA_SOURCE, MMA_KERNEL, defines)
+
+
+def _mma_smem_bytes(variant) -> int:
+    """Dynamic shared memory of a decode_mma.hip variant (mirrors SMEM_BYTES there)."""
+    dd = dict(variant.defines)
+    d, kv_bytes = int(dd["HEAD_DIM"]), (1 if int(dd["KV_DTYPE"]) >= 2 else 2)
+    nw, kpw, nst = int(dd["NUM_WARPS"]), 16 * int(dd["KTILES"]), int(dd["STAGES"])
+    keyb = d * kv_bytes
+    stage = 2 * kpw * keyb + (2 * kpw * 4 if kv_bytes == 1 else 0)
+    ring = nw * nst * stage
+    merge = nw * MMA_ROWS * (d + 2) * 4
+    return MMA_ROWS * d * 2 + max(ring, merge)
+
+
 def variants() -> list:
     """Every variant splitkv_decode can request (CI compiles them all for every arch)."""
     out = []
@@ -63,7 +96,25 @@ def variants() -> list:
                 for rows in _ROWS:
                     if rows <= _rows_max(kv_code):
                         out.append(_variant(d, rows, q_code, kv_code))
+                if d in MMA_HEAD_DIMS:
+                    out.append(_mma_variant(d, q_code, kv_code))
     return out
+
+
+def _mma_arch(arch: str) -> bool:
+    """Archs whose atom_mma.h back end has tensor cores: mma.sync (sm_80+) or MFMA (gfx94x/950)."""
+    if arch.startswith("sm_"):
+        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+        return bool(digits) and int(digits) >= 80
+    return arch.startswith(("gfx940", "gfx941", "gfx942", "gfx950"))
+
+
+def choose_impl(arch: str, head_dim: int, kv_code: int) -> str:
+    """"mma" (tensor cores) or "fma" (CUDA-core kernel), from the H100 measurements in
+    docs/perf/decode.md."""
+    if head_dim in MMA_HEAD_DIMS and _mma_arch(arch):
+        return "mma"
+    return "fma"
 
 
 def _pick_rows(rows_needed: int, kv_code: int) -> tuple[int, int]:
@@ -201,9 +252,11 @@ def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: i
 def splitkv_partials(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
     max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
-    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, _tune=None,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks."""
+    """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks.
+
+    impl: None (choose_impl for the device), "mma" (tensor cores) or "fma" (CUDA cores)."""
     batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = _validate(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
         max_query_len, num_splits, window, sink_tokens, softcap, None, k_scale, v_scale, k_descale, v_descale)
@@ -226,16 +279,18 @@ def splitkv_partials(
     if batch == 0 or total_q == 0:
         return o_part, lse_part
 
+    if impl is None:
+        from hip_kernels.runtime import device_arch
+
+        impl = choose_impl(device_arch(q.device), d, kv_code)
+    if impl not in IMPLS or (impl == "mma" and d not in MMA_HEAD_DIMS):
+        raise ValueError(f"impl={impl!r}: one of {IMPLS} (mma for head_dim {MMA_HEAD_DIMS})")
     group = hq // hk
-    rows, row_blocks = _pick_rows(max_query_len * group, kv_code)
-    defines_variant = _variant(d, rows, _Q_DTYPES[q.dtype], kv_code)
-    if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
-        defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     softcap = float(softcap)
     magic, shift = _div_magic(block_size)
     kes, ves = k_cache.element_size(), v_cache.element_size()
-    args = [
+    head = [
         q, q.stride(0), q.stride(1),
         k_cache, v_cache,
         k_cache.stride(0) * kes, k_cache.stride(1) * kes, k_cache.stride(2) * kes,
@@ -246,27 +301,54 @@ def splitkv_partials(
         block_table.shape[1] if block_table is not None else 0,
         kv_indptr, kv_page_indices if kv_indptr is not None else None,
         k_descale, v_descale,
-        kf, vf, fmt,
-        o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift,
+    ]
+    tail = [
         scale * (_LOG2E if softcap == 0 else 1.0),
         softcap * _LOG2E, (1.0 / softcap) if softcap > 0 else 0.0,
         int(window), int(sink_tokens),
     ]
+    if impl == "mma":
+        # FP8: the kernel converts e4m3 to its value (flavour handled in the kernel); per-page
+        # factors come from k_descale / v_descale, so the per-tensor factors are then 1.
+        if kv_code >= 2 and k_scale is not None:
+            mkf, mvf = _as_float("k_scale", k_scale), _as_float("v_scale", v_scale)
+        else:
+            mkf = mvf = 1.0
+        row_blocks = -(-(max_query_len * group) // MMA_ROWS)
+        var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
+        args = head + [mkf, mvf, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
+                       magic, shift] + tail
+        _launch(var, (hk * row_blocks, batch, num_splits), (MMA_WARPS * _warp_size(q.device), 1, 1), args,
+                shared_mem=_mma_smem_bytes(var))
+        return o_part, lse_part
+    rows, row_blocks = _pick_rows(max_query_len * group, kv_code)
+    defines_variant = _variant(d, rows, _Q_DTYPES[q.dtype], kv_code)
+    if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
+        defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
+    args = head + [kf, vf, fmt, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
+                   magic, shift] + tail
     _launch(defines_variant, (hk * row_blocks, batch, num_splits), (NUM_THREADS, 1, 1), args)
     return o_part, lse_part
 
 
-def _launch(variant, grid, block, args) -> None:
+def _warp_size(device) -> int:
+    from hip_kernels.runtime import device_arch, warp_size
+
+    return warp_size(device_arch(device))
+
+
+def _launch(variant, grid, block, args, shared_mem: int = 0) -> None:
     from hip_kernels import runtime
 
     # Python ints travel as 8-byte slots whose low half is the value: right for int and long long.
-    runtime.load(variant)(grid, block, *args)
+    runtime.load(variant)(grid, block, *args, shared_mem=shared_mem)
 
 
 def splitkv_decode(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
     max_query_len, num_splits, scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
+    impl=None,
 ) -> torch.Tensor:
     """Decode attention of 1..max_query_len new tokens per request over the paged cache.
 
@@ -285,7 +367,7 @@ def splitkv_decode(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
         kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
         window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-        k_descale=k_descale, v_descale=v_descale, workspace=workspace)
+        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl)
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
@@ -299,10 +381,13 @@ def splitkv_decode(
 # CTAs of one variant that fit on an SM at once (H100: registers and shared memory of the
 # default variants, from the compile report), by rows per CTA.
 _CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
+# The tensor-core kernel (head_dim 128: ~200 registers x 128 threads, 72-100 KB shared memory).
+MMA_CTAS_PER_SM = 2
 
 
 def suggest_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, *,
-                       rows: int = 4, max_splits: int = 32, min_split_tokens: int = 256) -> int:
+                       rows: int = 4, max_splits: int = 32, min_split_tokens: int = 256,
+                       ctas_per_sm: int | None = None) -> int:
     """Fewest splits whose CTAs fill their last wave to >= 95% (else the best filled one).
 
     slots = num_sms x CTAs per SM; ctas = batch x kv heads x splits; a wave filled to f costs
@@ -312,7 +397,7 @@ def suggest_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms:
     64 -> 300 us), hence the cap."""
     if batch <= 0 or num_kv_heads <= 0:
         return 1
-    slots = num_sms * _CTAS_PER_SM.get(rows, 3)
+    slots = num_sms * (ctas_per_sm or _CTAS_PER_SM.get(rows, 3))
     base = batch * num_kv_heads
     cap = max(1, min(max_splits, max_context // min_split_tokens))
     best, best_eff = 1, -1.0

@@ -21,6 +21,21 @@ from hip_kernels import decode
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
+# Kernel under test: GPU tests run for the tensor-core ("mma") and CUDA-core ("fma") kernels.
+_IMPL = {"v": None}
+
+
+@pytest.fixture(params=decode.IMPLS)
+def impl(request):
+    _IMPL["v"] = request.param
+    yield request.param
+    _IMPL["v"] = None
+
+
+def _skip_unsupported(d):
+    if _IMPL["v"] == "mma" and d not in decode.MMA_HEAD_DIMS:
+        pytest.skip(f"the tensor-core kernel serves head_dim {decode.MMA_HEAD_DIMS}")
+
 
 # --- building a paged batch -----------------------------------------------------------------
 
@@ -130,18 +145,21 @@ def reference(batch, **attn):
 
 def run_partials(batch, num_splits, max_query_len=None, **attn):
     mq = max_query_len or max([sq for sq, _ in batch["seqs"]] + [1])
+    _skip_unsupported(batch["q"].shape[-1])
     return decode.splitkv_partials(
         batch["q"], batch["k_cache"], batch["v_cache"], batch["cu_q"], batch["seq_lens"],
-        **batch["tables"], max_query_len=mq, num_splits=num_splits, **batch["scales"], **attn)
+        **batch["tables"], max_query_len=mq, num_splits=num_splits, impl=_IMPL["v"], **batch["scales"], **attn)
 
 
 def run_decode(batch, num_splits, sinks=None, max_query_len=None, **attn):
     mq = max_query_len or max([sq for sq, _ in batch["seqs"]] + [1])
     out = torch.full_like(batch["q"], float("nan"))
     lse = torch.full(batch["q"].shape[:2], float("nan"), dtype=torch.float32, device=batch["q"].device)
+    _skip_unsupported(batch["q"].shape[-1])
     decode.splitkv_decode(
         batch["q"], batch["k_cache"], batch["v_cache"], batch["cu_q"], batch["seq_lens"],
         **batch["tables"], max_query_len=mq, num_splits=num_splits, sinks=sinks, out=out, lse_out=lse,
+        impl=_IMPL["v"],
         **batch["scales"], **attn)
     return out, lse
 
@@ -216,6 +234,7 @@ def _run_case(name, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("name", list(CASES))
 def test_split_kernel_vs_reference(name, num_splits):
@@ -231,6 +250,7 @@ def test_split_kernel_vs_reference(name, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("name", [n for n in CASES if "window" not in CASES[n][5] and "sink_tokens" not in CASES[n][5]])
 def test_partials_match_reference_splits(name):
     """Without a window the split ranges are reference.split_ranges: compare split by split."""
@@ -253,6 +273,7 @@ def test_partials_match_reference_splits(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("name", ["sq1_gqa4", "sinks", "all_features", "fp8_per_page_transitions", "empty_seq",
                                   "spec8_gqa8_row_blocks", "sglang_page1"])
 def test_full_decode_with_combine(name):
@@ -267,6 +288,7 @@ def test_full_decode_with_combine(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("kv", ["16", "fp8_page"])
 def test_num_splits_one_vs_many_same_answer(kv):
     seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025)]
@@ -279,13 +301,17 @@ def test_num_splits_one_vs_many_same_answer(kv):
     for o, lse in outs:
         assert_close(o.float(), o_ref, torch.bfloat16, "o vs reference")
         assert_lse_close(lse.float(), lse_ref, torch.bfloat16)
-    # fp32 partials: splits only reorder fp32 sums, far inside the bf16 bound.
+    # fp32 partials: splits only reorder fp32 sums, far inside the bf16 bound. The tensor-core
+    # kernel rounds P to 16 bits relative to each split's running max, so splits also change
+    # those roundings: held to the fp16 bound there.
+    close = torch.float32 if _IMPL["v"] != "mma" else torch.float16
     for o, lse in outs[1:]:
-        assert_close(o.float(), outs[0][0].float(), torch.float32, "o: splits=k vs splits=1")
-        assert_lse_close(lse.float(), outs[0][1].float(), torch.float32)
+        assert_close(o.float(), outs[0][0].float(), close, "o: splits=k vs splits=1")
+        assert_lse_close(lse.float(), outs[0][1].float(), close)
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 def test_more_splits_than_keys_writes_empty_splits():
     batch = make_batch([(1, 5), (2, 3)], 8, 2, 128, 16, seed=3)
     o_part, lse_part = run_partials(batch, 16)
@@ -298,6 +324,7 @@ def test_more_splits_than_keys_writes_empty_splits():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 def test_last_page_of_pool_over_4gib():
     """Page ids * page stride overflow 32 bits: the last pages of a > 4 GiB pool must be right."""
     hk, d, bs = 8, 128, 16
@@ -318,6 +345,7 @@ def test_last_page_of_pool_over_4gib():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 def test_cuda_graph_capture_and_replay():
     """Fixed workspace and splits: capture once, change the inputs in place, replay."""
     seqs = [(1, 520), (1, 90), (1, 33), (1, 1)]
@@ -330,7 +358,7 @@ def test_cuda_graph_capture_and_replay():
     def step():
         o_part_holder["p"] = decode.splitkv_partials(
             batch["q"], batch["k_cache"], batch["v_cache"], batch["cu_q"], batch["seq_lens"], **batch["tables"],
-            max_query_len=1, num_splits=splits, workspace=ws)
+            max_query_len=1, num_splits=splits, workspace=ws, impl=_IMPL["v"])
 
     step()  # compile and load outside the capture
     torch.cuda.synchronize()
@@ -457,3 +485,16 @@ def test_suggest_num_splits_fills_waves(batch, ctx, want):
     slots = 132 * 3
     waves = batch * 8 * s / slots
     assert s in (1, 32) or waves / math.ceil(waves) >= 0.95
+
+
+def test_mma_smem_mirror_and_impl_choice():
+    """decode.py's shared-memory formula is the kernel's (SMEM_BYTES), and the choice of kernel."""
+    v = decode._mma_variant(128, 0, 0)
+    # Q 16 x 128 bf16 + 4 warps x 2 stages x (K + V of 16 keys of 256 bytes)
+    assert decode._mma_smem_bytes(v) == 16 * 128 * 2 + 4 * 2 * 2 * 16 * 256
+    v8 = decode._mma_variant(128, 0, 2)
+    assert decode._mma_smem_bytes(v8) == 16 * 128 * 2 + 4 * 3 * (2 * 16 * 128 + 2 * 16 * 4)
+    assert decode.choose_impl("sm_90a", 128, 2) == "mma"
+    assert decode.choose_impl("sm_75", 128, 0) == "fma"
+    assert decode.choose_impl("sm_90a", 256, 0) == "fma"
+    assert decode.choose_impl("gfx942", 64, 3) == "mma"

@@ -1,0 +1,572 @@
+// Split-KV decode over the paged KV cache on tensor cores (DESIGN.md, "Split-KV (decode)").
+//
+// Same contract, grid and split rule as decode.hip (the CUDA-core kernel): one CTA = (kv head g,
+// row block rb) x request b x split s, grid (hk * row_blocks, batch, splits); split s covers keys
+// [lo + s*per, lo + (s+1)*per) of the visible range, split 0 also takes the StreamingLLM sinks;
+// each split writes fp32 o (normalised) and lse (-inf and 0 when empty).
+//
+// Rows (query token x query head of g, up to 16 per CTA) are the M side of 16x16 MMA tiles
+// (atom_mma.h): rows past the request's are zero padding (decode is memory bound, the waste is
+// free). Every warp owns KPW = 16 * NKT keys of each chunk, copies them (16-byte asynchronous
+// copies, page looked up by absolute token position) into its own slice of a STAGES-deep shared
+// ring and computes S = Q K^T (keys = N, head_dim = K), an online softmax on S, and O += P V with
+// P = S re-used in registers as the left operand (FA2). No block barrier in the loop; warps merge
+// once at the end through shared memory.
+//
+// 16-bit KV: K and V rows sit in the ring in atom_mma's swizzled layout, fragments come from
+// load_rows (K) and load_cols (V, transposed), MMAs in the KV dtype.
+// FP8 KV: the ring holds the raw e4m3 bytes; fragments are built in registers by the hardware
+// fp8x2 -> f16x2 conversion and the MMAs run in f16 (Q converted once, scaled). On mma.sync the
+// byte layout is chosen so that each lane reads 16 bytes of a K row (one LDS.128 per 4 K tiles)
+// and 8 bytes of 4 V rows (transposed in registers by byte permutes): head_dim is permuted
+// consistently in Q and K (a dot product does not care) and in the V columns / O (undone when O
+// is written). Per-key K factors scale S columns, per-key V factors scale P columns (relative to
+// the warp's first V factor, which keeps P inside f16's range); per-tensor V scales multiply O.
+//
+// Defines: HEAD_DIM (64|128|256), Q_DTYPE (0 bf16, 1 fp16), KV_DTYPE (0 bf16, 1 fp16, 2 e4m3fn,
+//          3 e4m3fnuz), NUM_WARPS (4); tuning: KTILES (16-key tiles per warp per chunk), STAGES.
+// Dynamic shared memory: smem_bytes() below; hip_kernels/decode.py mirrors it (_mma_smem_bytes).
+
+#include "atom_mma.h"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef Q_DTYPE
+#define Q_DTYPE 0
+#endif
+#ifndef KV_DTYPE
+#define KV_DTYPE 0
+#endif
+#ifndef NUM_WARPS
+#define NUM_WARPS 4
+#endif
+
+namespace atom_dmma {
+using atom::i64;
+using atom::u16;
+using atom::u32;
+using atom::u32x2;
+using atom::u32x4;
+using atom::mma::acc_t;
+using atom::mma::op_t;
+
+constexpr int D = HEAD_DIM;
+constexpr int KV_BYTES = KV_DTYPE >= 2 ? 1 : 2;
+constexpr bool FP8 = KV_BYTES == 1;
+constexpr int WARP = ATOM_WARP_SIZE;
+constexpr int NW = NUM_WARPS;
+constexpr int NT = NW * WARP;
+constexpr int KT = D / 16;  // 16-wide tiles of head_dim
+constexpr int M = 16;       // rows per CTA
+static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+#ifdef KTILES
+constexpr int NKT = KTILES;
+#else
+constexpr int NKT = 1;
+#endif
+constexpr int KPW = 16 * NKT;  // keys per warp per chunk
+constexpr int CHUNK = NW * KPW;
+constexpr int KEYB = D * KV_BYTES;  // bytes of one key row (K or V) of one head
+constexpr int CPK = KEYB / 16;      // 16-byte copies per key row
+// Copies: copy t of a lane moves part i % CPK of key i / CPK, i = lane + WARP * t, so that the
+// lanes of one copy instruction cover whole key rows (whole 128-byte lines).
+constexpr int NCP = KPW * CPK / WARP;  // copies per lane per chunk, for K and for V each
+static_assert(KPW <= WARP && KPW * CPK % WARP == 0, "copies must spread evenly over the lanes");
+#ifdef STAGES
+constexpr int NST = STAGES;
+#else
+constexpr int NST = FP8 ? 4 : 3;
+#endif
+static_assert(NST >= 2, "a ring needs two stages");
+constexpr int FAC_BYTES = FP8 ? 2 * KPW * 4 : 0;
+constexpr int STAGE_BYTES = 2 * KPW * KEYB + FAC_BYTES;
+constexpr int RING_BYTES = NW * NST * STAGE_BYTES;
+constexpr int Q_BYTES = M * D * 2;
+constexpr int MERGE_BYTES = NW * M * (D + 2) * 4;
+constexpr int BODY_BYTES = RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES;
+constexpr int SMEM_BYTES = Q_BYTES + BODY_BYTES;  // == decode.py _mma_smem_bytes
+
+// mma.sync gets the register-built FP8 fragments with permuted head_dim; other back ends build
+// them element by element from the tile layout (correct, unpermuted, slower).
+#if ATOM_MMA_SYNC
+constexpr bool PERM = FP8;
+#else
+constexpr bool PERM = false;
+#endif
+
+// fp8 e4m3 of the platform's flavour -> value; a cache of the other flavour is converted as the
+// native one and scaled: fnuz(x) == fn(x) / 2 for every finite code (0x80 and fn's NaNs aside).
+constexpr bool KV_FNUZ = KV_DTYPE == 3;
+constexpr float FMT = (KV_FNUZ == (bool)ATOM_FP8_FNUZ) ? 1.f : (KV_FNUZ ? 0.5f : 2.f);
+
+// Two e4m3 bytes (low 16 bits of w, low byte first) -> packed f16x2 (low half = low byte).
+ATOM_DEV u32 fp8x2_to_f16x2(u32 w) {
+#if ATOM_NVIDIA && ATOM_HW_FP8_CVT
+  __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+  return (u32)r.x | ((u32)r.y << 16);
+#else
+  float a, b;
+  atom::fp8x2_to_f32x2<false>(w, a, b);
+  return atom::pack_f16x2(a, b);
+#endif
+}
+
+ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
+ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
+ATOM_DEV int shfl_i(int v, int src) { return (int)atom::f32_as_u32(atom::shfl(atom::u32_as_f32((u32)v), src)); }
+
+ATOM_DEV unsigned int div_magic(unsigned int n, unsigned int magic, int shift) {
+  const unsigned int hi = (unsigned int)(((unsigned long long)n * magic) >> 32);
+  return (hi + n) >> shift;
+}
+
+// Byte offset of 16-byte chunk c of key row r in a K / V block of the ring.
+//  16-bit: atom_mma's swizzle (chunk ^ (row & 7)), read by load_rows / load_cols.
+//  FP8 K: a quarter warp reads 16-byte chunks 4h..4h+3 of rows 2p, 2p+1: row parity flips chunk bit 2.
+//  FP8 V: a half warp reads 8 bytes at 32-byte unit u of rows c, c+2, c+4, c+6: unit ^= (row/2)&3.
+ATOM_DEV int kchunk(int r, int c) {
+  if constexpr (!FP8) return c ^ (r & 7);
+  else return CPK >= 8 ? c ^ ((r & 1) << 2) : c;
+}
+ATOM_DEV int vchunk(int r, int c) {
+  if constexpr (!FP8) return c ^ (r & 7);
+  else return c ^ ((2 * ((r >> 1) & 3)) & (CPK - 1));
+}
+ATOM_DEV int kbyte(int r, int b) { return r * KEYB + kchunk(r, b >> 4) * 16 + (b & 15); }
+ATOM_DEV int vbyte(int r, int b) { return r * KEYB + vchunk(r, b >> 4) * 16 + (b & 15); }
+
+// Physical head_dim of logical K-index kk (0..15) of head_dim tile kt, in Q and K (FP8, mma.sync):
+// lane t reads 16 bytes at 64h + 16t of a K row; its words i = 0..3 feed tiles kt = 4h + i.
+ATOM_DEV int qdim(int kt, int kk) {
+  if constexpr (PERM)
+    return 64 * (kt >> 2) + 16 * ((kk & 7) >> 1) + 4 * (kt & 3) + 2 * (kk >> 3) + (kk & 1);
+  else
+    return 16 * kt + kk;
+}
+// Physical head_dim of column c (0..15) of O tile T (FP8, mma.sync): V column n of n8-tile j is
+// dim 64 (j / 8) + 8 n + j % 8 (lane n reads 8 bytes at 64 (j / 8) + 8 n of each V row).
+ATOM_DEV int odim(int T, int c) {
+  if constexpr (PERM) {
+    const int j = 2 * T + (c >> 3);
+    return 64 * (j >> 3) + 8 * (c & 7) + (j & 7);
+  } else {
+    return 16 * T + c;
+  }
+}
+
+}  // namespace atom_dmma
+
+#ifndef MIN_CTAS
+#define MIN_CTAS 1
+#endif
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_decode_mma(
+    const unsigned short* __restrict__ q, long long q_stride_t, long long q_stride_h,
+    const char* __restrict__ k_cache, const char* __restrict__ v_cache,
+    long long k_page_bytes, long long k_tok_bytes, long long k_head_bytes,
+    long long v_page_bytes, long long v_tok_bytes, long long v_head_bytes, int num_blocks,
+    const int* __restrict__ cu_seqlens_q, const int* __restrict__ seq_lens,
+    const int* __restrict__ block_table, long long bt_stride, int bt_width,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+    const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    float k_factor, float v_factor,
+    float* __restrict__ o_partial, float* __restrict__ lse_partial, int total_q, int num_q_heads,
+    int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
+    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens) {
+  using namespace atom_dmma;
+  using atom::mma::mma;
+  typedef atom::mma::acc_t acc_t;
+#if Q_DTYPE == 0
+  typedef atom::bf16_t QT;
+#else
+  typedef atom::f16_t QT;
+#endif
+  // MMA input type: the KV dtype for 16-bit KV (== q's), f16 for FP8 KV.
+#if KV_DTYPE == 0
+  typedef atom::bf16_t DT;
+#else
+  typedef atom::f16_t DT;
+#endif
+#if ATOM_NVIDIA
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  extern __shared__ unsigned char smem[];
+#endif
+  const float NEG_INF = atom::neg_inf();
+  const int g = (int)atom::bid_x() / row_blocks;
+  const int rb = (int)atom::bid_x() - g * row_blocks;
+  const int b = (int)atom::bid_y();
+  const int s = (int)atom::bid_z();
+  const int tid = (int)atom::tid_x();
+  const int lane = tid % WARP;
+  const int warp = tid / WARP;
+
+  const int q0 = cu_seqlens_q[b];
+  const int sq = cu_seqlens_q[b + 1] - q0;
+  if (sq <= 0) return;
+
+  // Keys beyond the pages the table holds are ignored (never read), whatever seq_lens says.
+  int sk = seq_lens[b];
+  int ip0 = 0;
+  int avail;
+  if (kv_indptr != nullptr) {
+    ip0 = kv_indptr[b];
+    avail = kv_indptr[b + 1] - ip0;
+  } else {
+    avail = bt_width;
+  }
+  {
+    const long long cap = (long long)(avail > 0 ? avail : 0) * block_size;
+    sk = sk < 0 ? 0 : (sk > cap ? (int)cap : sk);
+  }
+  const int pos0 = sk - sq;
+  const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
+  const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
+  const int main_len = sk > lo ? sk - lo : 0;
+  const int per = (main_len + num_splits - 1) / num_splits;
+  const int st = imin(lo + s * per, sk > lo ? sk : lo);
+  const int en = imin(st + per, sk > lo ? sk : lo);
+  const int vcount = n_sink + (en - st);
+  auto key_of = [&](int v) { return v < n_sink ? v : st + (v - n_sink); };
+
+  // ---- Q: rows rb*16 + r (token r / group, head g * group + r % group) staged, then fragments.
+  u16* qs = reinterpret_cast<u16*>(smem);
+  for (int i = tid; i < M * D / 8; i += NT) {
+    const int r = i / (D / 8), c = i - r * (D / 8);
+    const int rg = rb * M + r;
+    const int t = rg / group, hh = rg - t * group;
+    u32x4 v{0u, 0u, 0u, 0u};
+    if (t < sq) v = atom::load16(q + (long long)(q0 + t) * q_stride_t + (long long)(g * group + hh) * q_stride_h + c * 8);
+    const int dst = FP8 ? r * D + c * 8 : atom::mma::swizzled<D>::off(r, c * 8);
+    atom::store16(qs + dst, v);
+  }
+  atom::sync_block();
+  op_t qa[KT];
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) {
+    if constexpr (FP8) {
+      // f16(q * q_scale): the scale is folded in before the f16 rounding (keeps q in range).
+#pragma unroll
+      for (int k = 0; k < op_t::ne; ++k) {
+        const int i0 = acc_t::get_i(2 * k), j0 = acc_t::get_j(2 * k);
+        const int i1 = acc_t::get_i(2 * k + 1), j1 = acc_t::get_j(2 * k + 1);
+        const float a = atom::to_f32(QT{}, qs[i0 * D + qdim(kt, j0)]) * q_scale;
+        const float c = atom::to_f32(QT{}, qs[i1 * D + qdim(kt, j1)]) * q_scale;
+        qa[kt].x[k] = atom::pack_f16x2(a, c);
+      }
+    } else {
+      atom::mma::load_rows<D>(qa[kt], qs, 0, 16 * kt);
+    }
+  }
+  // Query position of each row slot of this lane (-1: padding row, sees nothing).
+  int qpos[acc_t::row_slots];
+#pragma unroll
+  for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+    const int rg = rb * M + acc_t::slot_row(sl);
+    const int t = rg / group;
+    qpos[sl] = t < sq ? pos0 + t : -1;
+  }
+
+  const bool per_page = k_descale != nullptr;
+  const char* kb = k_cache + (long long)g * k_head_bytes;
+  const char* vb = v_cache + (long long)g * v_head_bytes;
+  const int* table = kv_indptr != nullptr ? kv_indices + ip0 : block_table + (long long)b * bt_stride;
+  // Scores in log2 units: 16-bit Q is raw (scale applied to S in fp32), FP8 Q carries q_scale.
+  const float s_scale = FP8 ? k_factor * FMT : q_scale;
+  const float v_fmt = FP8 ? FMT : 1.f;
+
+  char* ring = reinterpret_cast<char*>(smem) + Q_BYTES + warp * NST * STAGE_BYTES;
+
+  // Page ids are looked up one chunk ahead, by lane k for key k of the warp's chunk (clamped into
+  // the pool; -1 past the split), and handed to the copying lanes by shuffles.
+  int pid = -1, slot = 0;
+  auto lookup = [&](int c) {
+    const int v = c * CHUNK + warp * KPW + lane;
+    pid = -1;
+    slot = 0;
+    if (lane < KPW && v < vcount) {
+      const int j = key_of(v);
+      const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
+      pid = imin(imax(table[lp], 0), num_blocks - 1);
+      slot = j - lp * block_size;
+    }
+  };
+  auto issue = [&](int c) {
+    char* stg = ring + (c % NST) * STAGE_BYTES;
+#pragma unroll
+    for (int t = 0; t < NCP; ++t) {
+      const int i = lane + WARP * t;
+      const int k = i / CPK, part = i % CPK;
+      const int p = shfl_i(pid, k), sl = shfl_i(slot, k);
+      const bool ok = p >= 0;
+      const long long pk = ok ? (long long)p * k_page_bytes + (long long)sl * k_tok_bytes : 0;
+      const long long pv = ok ? (long long)p * v_page_bytes + (long long)sl * v_tok_bytes : 0;
+      atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + pk + part * 16, ok);
+      atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + pv + part * 16, ok);
+      if (FP8 && per_page && part == 0) {
+        float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
+        const long long di = ok ? (long long)p * num_kv_heads + g : 0;
+        atom::copy4_async(fac + k, k_descale + di, ok);
+        atom::copy4_async(fac + KPW + k, v_descale + di, ok);
+      }
+    }
+  };
+
+  acc_t o[KT];
+#pragma unroll
+  for (int T = 0; T < KT; ++T) atom::mma::zero(o[T]);
+  float m[acc_t::row_slots], l[acc_t::row_slots];
+#pragma unroll
+  for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+    m[sl] = NEG_INF;
+    l[sl] = 0.f;
+  }
+  float v_ref = 1.f, inv_v_ref = 1.f;  // per-page FP8: P columns carry v_descale / v_ref
+
+  auto compute = [&](int c) {
+    const char* stg = ring + (c % NST) * STAGE_BYTES;
+    const char* ks = stg;
+    const char* vs = stg + KPW * KEYB;
+    const float* fac = reinterpret_cast<const float*>(stg + 2 * KPW * KEYB);
+    // ---- S = Q K^T for the warp's KPW keys.
+    acc_t sc[NKT];
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+      atom::mma::zero(sc[n]);
+      if constexpr (!FP8) {
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          op_t kf;
+          atom::mma::load_rows<D>(kf, reinterpret_cast<const u16*>(ks), 16 * n, 16 * kt);
+          mma<DT>(sc[n], qa[kt], kf);
+        }
+      } else if constexpr (PERM) {
+#if ATOM_MMA_SYNC
+        const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+          const u32x4 w0 = atom::load16(ks + kbyte(16 * n + gq, 64 * h + 16 * tq));
+          const u32x4 w8 = atom::load16(ks + kbyte(16 * n + gq + 8, 64 * h + 16 * tq));
+          const u32 a0[4] = {w0.x, w0.y, w0.z, w0.w};
+          const u32 a8[4] = {w8.x, w8.y, w8.z, w8.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            op_t kf;
+            kf.x[0] = fp8x2_to_f16x2(a0[i]);
+            kf.x[2] = fp8x2_to_f16x2(a0[i] >> 16);
+            kf.x[1] = fp8x2_to_f16x2(a8[i]);
+            kf.x[3] = fp8x2_to_f16x2(a8[i] >> 16);
+            mma<DT>(sc[n], qa[4 * h + i], kf);
+          }
+        }
+#endif
+      } else {
+        // Generic FP8: element (i, j) of the operand is K[key 16n + i][dim 16kt + j].
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          op_t kf;
+#pragma unroll
+          for (int k = 0; k < op_t::ne; ++k) {
+            const int i = acc_t::get_i(2 * k), j = acc_t::get_j(2 * k);
+            const unsigned char* p = reinterpret_cast<const unsigned char*>(ks) + kbyte(16 * n + i, 16 * kt + j);
+            kf.x[k] = fp8x2_to_f16x2((u32)p[0] | ((u32)p[1] << 8));
+          }
+          mma<DT>(sc[n], qa[kt], kf);
+        }
+      }
+    }
+    // ---- Scale, soft-cap, mask (only where some key of the warp's chunk may be hidden).
+    const int vbase = c * CHUNK + warp * KPW;
+    const bool all_visible = vbase >= n_sink && vbase + KPW <= vcount && key_of(vbase + KPW - 1) <= pos0 &&
+                             (window <= 0 || key_of(vbase) > pos0 + sq - 1 - window);
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+#pragma unroll
+      for (int e = 0; e < acc_t::ne; ++e) {
+        const int kc = 16 * n + acc_t::get_j(e);
+        float x = sc[n].x[e] * s_scale;
+        if (FP8 && per_page) x *= fac[kc];
+        if (softcap_l2e > 0.f) {
+          const float e2 = atom::exp2_(x * inv_softcap * 2.8853900817779268f);
+          x = softcap_l2e * (1.f - 2.f / (e2 + 1.f));
+        }
+        if (!all_visible) {
+          const int v = vbase + kc;
+          const int j = key_of(v);
+          const int qp = qpos[acc_t::row_slot(e)];
+          const bool vis = v < vcount && j <= qp && (window <= 0 || j > qp - window || j < sink_tokens);
+          x = vis ? x : NEG_INF;
+        }
+        sc[n].x[e] = x;
+      }
+    }
+    // ---- Online softmax (row sums kept per lane, reduced once at the end).
+    float alpha[acc_t::row_slots], mref[acc_t::row_slots];
+    bool rescale = false;
+#pragma unroll
+    for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+      float mx = m[sl];
+#pragma unroll
+      for (int n = 0; n < NKT; ++n)
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e)
+          if (acc_t::row_slot(e) == sl) mx = atom::fmax_(mx, sc[n].x[e]);
+      mx = acc_t::row_max(mx);
+      mref[sl] = mx == NEG_INF ? 0.f : mx;
+      alpha[sl] = atom::exp2_(m[sl] - mref[sl]);
+      rescale |= mx != m[sl];
+      m[sl] = mx;
+      l[sl] *= alpha[sl];
+    }
+    if (atom::mma::warp_any(rescale)) {
+#pragma unroll
+      for (int T = 0; T < KT; ++T)
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e) o[T].x[e] *= alpha[acc_t::row_slot(e)];
+    }
+#pragma unroll
+    for (int n = 0; n < NKT; ++n) {
+      op_t pa;
+      {
+        acc_t p;
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e) {
+          const int sl = acc_t::row_slot(e);
+          const float pe = atom::exp2_(sc[n].x[e] - mref[sl]);
+          l[sl] += pe;
+          p.x[e] = (FP8 && per_page) ? pe * (fac[KPW + 16 * n + acc_t::get_j(e)] * inv_v_ref) : pe;
+        }
+        atom::mma::to_operand<DT>(pa, p);
+      }
+      // ---- O += P V.
+      if constexpr (!FP8) {
+#pragma unroll
+        for (int T = 0; T < KT; ++T) {
+          op_t vf;
+          atom::mma::load_cols<D>(vf, reinterpret_cast<const u16*>(vs), 16 * n, 16 * T);
+          mma<DT>(o[T], pa, vf);
+        }
+      } else if constexpr (PERM) {
+#if ATOM_MMA_SYNC
+        const int gq = lane >> 2, tq = lane & 3;
+        const int r0 = 16 * n + 2 * tq;
+#pragma unroll
+        for (int jb = 0; jb < D / 64; ++jb) {
+          const int byte = 64 * jb + 8 * gq;
+          const u32x2 A = atom::load8(vs + vbyte(r0, byte));
+          const u32x2 B = atom::load8(vs + vbyte(r0 + 1, byte));
+          const u32x2 C = atom::load8(vs + vbyte(r0 + 8, byte));
+          const u32x2 E = atom::load8(vs + vbyte(r0 + 9, byte));
+#pragma unroll
+          for (int hw = 0; hw < 2; ++hw) {
+            const u32 a = hw ? A.y : A.x, bb = hw ? B.y : B.x, cc = hw ? C.y : C.x, ee = hw ? E.y : E.x;
+            // [a0 b0 a1 b1] and [a2 b2 a3 b3]: key pairs (2t, 2t+1) of dims 4hw + 0..3
+            const u32 lo01 = __byte_perm(a, bb, 0x5140), hi01 = __byte_perm(a, bb, 0x7362);
+            const u32 lo89 = __byte_perm(cc, ee, 0x5140), hi89 = __byte_perm(cc, ee, 0x7362);
+            // n8 tiles jj = 4hw + 0..3 of this 64-dim block: O tiles T = 4 jb + 2 hw + {0, 1}
+            op_t v0, v1;
+            v0.x[0] = fp8x2_to_f16x2(lo01);        // jj = 4hw + 0, keys 2t, 2t+1
+            v0.x[2] = fp8x2_to_f16x2(lo89);        //                keys 2t+8, 2t+9
+            v0.x[1] = fp8x2_to_f16x2(lo01 >> 16);  // jj = 4hw + 1
+            v0.x[3] = fp8x2_to_f16x2(lo89 >> 16);
+            v1.x[0] = fp8x2_to_f16x2(hi01);        // jj = 4hw + 2
+            v1.x[2] = fp8x2_to_f16x2(hi89);
+            v1.x[1] = fp8x2_to_f16x2(hi01 >> 16);  // jj = 4hw + 3
+            v1.x[3] = fp8x2_to_f16x2(hi89 >> 16);
+            mma<DT>(o[4 * jb + 2 * hw], pa, v0);
+            mma<DT>(o[4 * jb + 2 * hw + 1], pa, v1);
+          }
+        }
+#endif
+      } else {
+        // Generic FP8: element (i, j) of the operand is V[key 16n + j][dim 16T + i].
+        const unsigned char* vbp = reinterpret_cast<const unsigned char*>(vs);
+#pragma unroll
+        for (int T = 0; T < KT; ++T) {
+          op_t vf;
+#pragma unroll
+          for (int k = 0; k < op_t::ne; ++k) {
+            const int i = acc_t::get_i(2 * k), j = acc_t::get_j(2 * k);
+            const u32 x0 = vbp[vbyte(16 * n + j, 16 * T + i)];
+            const u32 x1 = vbp[vbyte(16 * n + j + 1, 16 * T + i)];
+            vf.x[k] = fp8x2_to_f16x2(x0 | (x1 << 8));
+          }
+          mma<DT>(o[T], pa, vf);
+        }
+      }
+    }
+  };
+
+  const int nchunks = (vcount + CHUNK - 1) / CHUNK;
+  if (nchunks > 0) {
+#pragma unroll
+    for (int c = 0; c < NST - 1; ++c) {
+      if (c < nchunks) {
+        lookup(c);
+        issue(c);
+      }
+      atom::copy_commit();
+    }
+    lookup(NST - 1);
+    for (int c = 0; c < nchunks; ++c) {
+      if (c + NST - 1 < nchunks) issue(c + NST - 1);
+      atom::copy_commit();
+      lookup(c + NST);
+      atom::copy_wait<NST - 1>();
+      atom::warp_sync();
+      if (FP8 && per_page && c == 0) {
+        // Reference for the P columns: the V factor of the warp's first key (if it has keys).
+        const float f = reinterpret_cast<const float*>(ring + 2 * KPW * KEYB)[KPW];
+        v_ref = f > 0.f ? f : 1.f;
+        inv_v_ref = 1.f / v_ref;
+      }
+      compute(c);
+      atom::warp_sync();
+    }
+  }
+  atom::copy_wait<0>();
+  atom::sync_block();  // the ring becomes the merge buffer
+
+  // ---- Merge the warps through shared memory, normalise, write the split's partials.
+#pragma unroll
+  for (int sl = 0; sl < acc_t::row_slots; ++sl) l[sl] = acc_t::row_sum(l[sl]);
+  const float ofac = FP8 ? (per_page ? v_ref * v_fmt : v_factor * v_fmt) : 1.f;
+  float* sm_o = reinterpret_cast<float*>(smem + Q_BYTES);           // [NW][M][D]
+  float* sm_m = sm_o + NW * M * D;                                  // [NW][M]
+  float* sm_l = sm_m + NW * M;                                      // [NW][M]
+#pragma unroll
+  for (int T = 0; T < KT; ++T)
+#pragma unroll
+    for (int e = 0; e < acc_t::ne; ++e)
+      sm_o[(warp * M + acc_t::get_i(e)) * D + odim(T, acc_t::get_j(e))] = o[T].x[e] * ofac;
+  if (acc_t::row_leader()) {
+#pragma unroll
+    for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+      sm_m[warp * M + acc_t::slot_row(sl)] = m[sl];
+      sm_l[warp * M + acc_t::slot_row(sl)] = l[sl];
+    }
+  }
+  atom::sync_block();
+  for (int i = tid; i < M * D; i += NT) {
+    const int r = i / D;
+    const int d = i - r * D;
+    const int rg = rb * M + r;
+    const int t = rg / group;
+    const int hh = rg - t * group;
+    if (t >= sq) continue;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int ww = 0; ww < NW; ++ww) mx = atom::fmax_(mx, sm_m[ww * M + r]);
+    const float mr = mx == NEG_INF ? 0.f : mx;
+    float lsum = 0.f, ov = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < NW; ++ww) {
+      const float a = atom::exp2_(sm_m[ww * M + r] - mr);
+      lsum += sm_l[ww * M + r] * a;
+      ov += sm_o[(ww * M + r) * D + d] * a;
+    }
+    const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + g * group + hh;
+    o_partial[row * D + d] = lsum > 0.f ? ov / lsum : 0.f;
+    if (d == 0) lse_partial[row] = lsum > 0.f ? (mr + atom::log2_(lsum)) * 0.6931471805599453f : NEG_INF;
+  }
+}
