@@ -11,7 +11,8 @@ import timeit
 
 import numpy as np
 
-from atom_backend.planner import ModelFacts, PlannerConfig, Platform, plan
+from atom_backend.planner import ModelFacts, PlannerConfig, plan
+from atom_backend.kernels import platform_for
 
 
 def batch(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +29,7 @@ def main(argv=None) -> None:
     ap.add_argument("--number", type=int, default=2000)
     args = ap.parse_args(argv)
     facts = ModelFacts(64, 8, 64, has_sinks=True, window=128)
-    platform, config = Platform(), PlannerConfig()
+    platform, config = platform_for("sm_90a", use_tables=False), PlannerConfig()
     rng = np.random.default_rng(0)
     print(f"{'requests':>8} {'arrays us':>10} {'lists us':>9}")
     for n in map(int, args.sizes.split(",")):
