@@ -211,6 +211,15 @@ class Plan:
     # per layer, from the calibration table's grid (see atom_backend/kernels/cost.py).
     predictions: tuple | None = None
 
+    @classmethod
+    def _make(cls, **fields) -> "Plan":
+        """The planner's constructor: a frozen dataclass's __init__ sets each field through
+        object.__setattr__ (~3 us for these 15); filling __dict__ at once costs a fifth. Every
+        field is passed (plan() is the only caller)."""
+        obj = object.__new__(cls)
+        obj.__dict__.update(fields)
+        return obj
+
     def route_of(self, i: int) -> tuple[str, str, str]:
         """(phase, path, reason) of request i: for tables and debug logs, not the hot path."""
         if i in self.decode:
@@ -281,6 +290,9 @@ def decode_splits(
 
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
+_sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
 
 
 def plan(
@@ -305,42 +317,51 @@ def plan(
         raise PlanError("token counts must be >= 0")
     model_reason = model_varlen_reason(facts, platform, config)
 
+    # Every step below works on index arrays (few numpy calls: the 20 us budget is mostly
+    # numpy's per-call cost, not per-request work).
     is_prefill = new > config.decode_max_query_tokens
-    is_decode = (new > 0) & ~is_prefill
+    pf = is_prefill.nonzero()[0]
+    if config.decode_max_query_tokens == 1:
+        decode = (new == 1).nonzero()[0]
+    else:
+        decode = (is_prefill < (new > 0)).nonzero()[0]  # 0 < new <= decode_max_query_tokens
+    n_pf = new[pf]
     predictions = None
     cost = platform.cost if config.cost_routing else None
     if model_reason is not None:
-        to_varlen = np.zeros_like(is_prefill)
+        varlen, unified = _EMPTY, pf
+        reasons = (model_reason,) * len(pf)
     elif config.force_path == "varlen":
-        to_varlen = is_prefill
-    elif cost is not None:
-        pf = is_prefill.nonzero()[0]
-        tv, tu = cost.predict(facts, new[pf], cached[pf])
-        to_varlen = np.zeros_like(is_prefill)
-        to_varlen[pf[tv < tu]] = True
+        varlen, unified, reasons = pf, _EMPTY, ()
+    elif cost is not None and len(pf):
+        tv, tu = cost.predict(facts, n_pf, cached[pf])
+        cheaper = tv < tu
+        varlen, unified = pf[cheaper], pf[~cheaper]
+        reasons = (Reason.COST,) * len(unified)
         predictions = (pf, tv, tu)
     else:
         # The gather copies cached + new keys; past max_gather_ratio cached keys per new
         # token it costs more than reading the pages in place.
-        to_varlen = is_prefill & (new >= config.varlen_min_new_tokens) & (cached <= config.max_gather_ratio * new)
-    decode = is_decode.nonzero()[0]
-    varlen = to_varlen.nonzero()[0]
-    unified = (is_prefill & ~to_varlen).nonzero()[0]
-
-    if model_reason is not None:
-        reasons = (model_reason,) * len(unified)
-    elif predictions is not None:
-        reasons = (Reason.COST,) * len(unified)
-    else:
-        small = (new[unified] < config.varlen_min_new_tokens).tolist()
+        ok = (n_pf >= config.varlen_min_new_tokens) & (cached[pf] <= config.max_gather_ratio * n_pf)
+        varlen, unified = pf[ok], pf[~ok]
+        small = (n_pf[~ok] < config.varlen_min_new_tokens).tolist()
         reasons = tuple(map(_COST_REASONS.__getitem__, small))
-    total = new + cached
-    gather_tokens = int(total @ to_varlen)
     n_dec = len(decode)
-    max_ctx = int(total[decode].max()) if n_dec else 0
-    decode_reason = model_splitkv_reason(facts, platform) if n_dec else None
-    varlen_tokens = int(new @ to_varlen)
-    return Plan(
+    varlen_tokens = int(_sum(new[varlen])) if len(varlen) else 0
+    gather_tokens = varlen_tokens + int(_sum(cached[varlen])) if len(varlen) else 0
+    if n_dec and config.decode_max_query_tokens == 1:
+        max_ctx = int(cached[decode].max()) + 1
+        decode_tokens = n_dec
+        decode_reason = model_splitkv_reason(facts, platform)
+    elif n_dec:
+        nd = new[decode]
+        max_ctx = int((nd + cached[decode]).max())
+        decode_tokens = int(_sum(nd))
+        decode_reason = model_splitkv_reason(facts, platform)
+    else:
+        max_ctx = decode_tokens = 0
+        decode_reason = None
+    return Plan._make(
         decode=decode,
         decode_path=Path.SPLITKV if decode_reason is None else Path.UNIFIED,
         decode_reason=Reason.PREFERRED if decode_reason is None else decode_reason,
@@ -348,12 +369,12 @@ def plan(
         varlen=varlen,
         unified=unified,
         unified_reasons=reasons,
-        empty=(new == 0).nonzero()[0],
+        empty=(new == 0).nonzero()[0] if len(pf) + n_dec < len(new) else _EMPTY,
         gather_tokens=gather_tokens,
         gather_bytes=gather_tokens * facts.gathered_bytes_per_token,
-        decode_tokens=int(new @ is_decode),
+        decode_tokens=decode_tokens,
         varlen_tokens=varlen_tokens,
-        unified_tokens=int(new @ is_prefill) - varlen_tokens,
+        unified_tokens=(int(_sum(n_pf)) if len(pf) else 0) - varlen_tokens,
         varlen_reason=Reason.COST if predictions is not None else Reason.PREFERRED,
         predictions=predictions,
     )

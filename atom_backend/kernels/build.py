@@ -120,7 +120,10 @@ def run(jobs: list[Job], workers: int | None = None, progress: bool = True) -> l
     else:
         import multiprocessing as mp
 
-        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        # fork is cheap, but not after CUDA is initialised in this process (the tuner's case)
+        torch_mod = sys.modules.get("torch")
+        cuda_up = torch_mod is not None and torch_mod.cuda.is_initialized()
+        ctx = mp.get_context("fork" if sys.platform.startswith("linux") and not cuda_up else "spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             futs = {pool.submit(_compile_one, arch, v): (arch, v) for arch, v in tasks}
             for f in as_completed(futs):

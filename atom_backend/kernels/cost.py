@@ -145,9 +145,9 @@ class CostModel:
     def predict(self, facts, new: np.ndarray, cached: np.ndarray):
         """(varlen us, unified us) per request, from the bound fine grid (float32 arrays)."""
         b = self._bound.get(facts) or self.bind(facts)
-        i = np.searchsorted(b.n_mid, new)
-        j = np.searchsorted(b.c_mid, cached)
-        return b.tv[i, j], b.tu[i, j]
+        k = b.n_mid.searchsorted(new) * b.ncols + b.c_mid.searchsorted(cached)  # methods: half the call cost
+        z = b.z.take(k)  # both predictions in one lookup: varlen + 1j * unified
+        return z.real, z.imag
 
     def __repr__(self) -> str:
         return f"CostModel({self.arch}, {len(self.shapes)} shapes, {self.source})"
@@ -163,9 +163,13 @@ class _Bound:
         c_pts = np.concatenate([[0.0], np.round(2.0 ** (kc / _STEPS))])
         n_pts, c_pts = np.unique(n_pts), np.unique(c_pts)
         # a request maps to the grid point nearest in log space
-        self.n_mid = np.sqrt(n_pts[:-1] * n_pts[1:])
-        self.c_mid = np.concatenate([[0.5], np.sqrt(c_pts[1:-1] * c_pts[2:])])
+        # integer edges (floor of the geometric midpoints): searchsorted on int64 against int64
+        # is twice as fast as against floats, and for integer counts "edge < x" is unchanged
+        self.n_mid = np.floor(np.sqrt(n_pts[:-1] * n_pts[1:])).astype(np.int64)
+        self.c_mid = np.floor(np.concatenate([[0.5], np.sqrt(c_pts[1:-1] * c_pts[2:])])).astype(np.int64)
         N, C = np.meshgrid(n_pts, c_pts, indexing="ij")
         e = model.explain(facts, N.ravel(), C.ravel())
         self.tv = e["varlen_us"].reshape(N.shape).astype(np.float32)
         self.tu = e["unified_us"].reshape(N.shape).astype(np.float32)
+        self.ncols = N.shape[1]
+        self.z = (self.tv + 1j * self.tu).astype(np.complex64).ravel()

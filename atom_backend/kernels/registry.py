@@ -158,6 +158,7 @@ def entries(arch: str | None = None) -> list[Entry]:
     return [replace(k, archs=tuple(v)) for k, v in merged.items()]
 
 
+@functools.lru_cache(maxsize=None)
 def path_caps(arch: str) -> dict[str, PathCaps]:
     """{'varlen': PathCaps, 'splitkv': PathCaps} of one arch, for the planner."""
     arch = rules.compile_target(arch)
@@ -175,7 +176,7 @@ def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, s
     use_tables, whose cost model is the arch's calibration table when one exists)."""
     from atom_backend.planner import Platform
 
-    caps = path_caps(arch)
+    caps = path_caps(rules.compile_target(arch))
     if cost is None and use_tables:
         from atom_backend.kernels import tables
 

@@ -146,7 +146,7 @@ RULES = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PathCaps:
     """What one planner path can serve on one arch: its registry entries, grouped by the kernels
     the path launches (every group must serve the signature). ``any_problem`` marks the CPU
@@ -155,6 +155,8 @@ class PathCaps:
     arch: str
     groups: tuple = ()  # ((kernel name, (Entry, ...)), ...)
     any_problem: bool = False
+    # eq=False: hashed by identity, so the planner's memo of (caps, facts) -> reason is a
+    # cheap lookup (registry.path_caps builds one per arch and keeps it).
 
     def check(self, sig: Signature) -> Refusal | None:
         return check(self, sig)

@@ -82,6 +82,7 @@ def apply(arch: str) -> dict:
     from atom_backend.kernels import registry
 
     registry.entries_for.cache_clear()
+    registry.path_caps.cache_clear()
     if changed:
         log.info("atom: %s tuning table %s changes tiles %s", family, (table or {}).get("_path"), changed)
     return changed
