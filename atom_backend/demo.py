@@ -97,7 +97,10 @@ def main(argv=None) -> None:
     ap.add_argument("--platform", choices=["h100", "cpu-no-kernels"], default="h100")
     ap.add_argument("--no-compute", action="store_true")
     args = ap.parse_args(argv)
-    platform = Platform() if args.platform == "h100" else Platform(vendor="cpu", varlen_kernel=False, splitkv_kernel=False)
+    from atom_backend.kernels import platform_for
+
+    platform = (platform_for("sm_90a", use_tables=False) if args.platform == "h100"
+                else Platform(vendor="cpu", varlen_kernel=False, splitkv_kernel=False))
     config = PlannerConfig.from_env()
     print(f"platform: {platform.vendor} {platform.arch}, {platform.num_sms} SMs; config: {config}\n")
     for title, facts, reqs in BATCHES:

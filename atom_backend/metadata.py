@@ -31,6 +31,7 @@ import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 
 from atom_backend import planner as _planner
+from atom_backend.kernels import rules as _rules
 from atom_backend.planner import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
 
 logger = logging.getLogger("atom_backend")
@@ -121,8 +122,6 @@ class AtomMetadata:
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
 
 
-_ALL_HEAD_DIMS = frozenset(range(8, 257, 8))
-_ALL_KV = frozenset({"bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e4m3fnuz"})
 _KERNEL_STATE: dict[str, str | None] = {}  # "varlen"/"splitkv" -> None (usable) or why not
 
 
@@ -161,34 +160,31 @@ def _fallback(reason: str, path: str, why: str) -> None:
 
 
 def detect_platform(device: torch.device) -> _planner.Platform:
+    """The planner's Platform: the kernel registry's answers for this device's arch (its
+    tuning table applied, its cost table when there is one); on the CPU the torch routes,
+    which serve every problem the planner accepts."""
     if device.type == "cpu":
-        # The torch routes run every path for every dtype, head size and KV format.
-        return _planner.Platform(
-            vendor="cpu", arch="cpu", num_sms=max(1, torch.get_num_threads()),
-            varlen_kernel=True, splitkv_kernel=True, varlen_head_dims=_ALL_HEAD_DIMS,
-            varlen_dtypes=frozenset({"bf16", "fp16", "fp32"}), splitkv_head_dims=_ALL_HEAD_DIMS,
-            splitkv_dtypes=frozenset({"bf16", "fp16", "fp32"}), splitkv_kv_formats=_ALL_KV,
-        )
+        return _planner.Platform(vendor="cpu", arch="cpu", num_sms=max(1, torch.get_num_threads()),
+                                 varlen_caps=_rules.ANY, splitkv_caps=_rules.ANY)
     from hip_kernels import runtime
 
     arch = runtime.device_arch(device.index)
     props = torch.cuda.get_device_properties(device)
     varlen_ok = kernel_unavailable("varlen") is None
     splitkv_ok = kernel_unavailable("splitkv") is None
-    kwargs = {}
     try:
-        from hip_kernels import decode as hd
-        from hip_kernels import prefill as hp
+        from atom_backend.kernels import registry, tuning
 
-        kwargs = dict(varlen_head_dims=frozenset(hp.HEAD_DIMS), splitkv_head_dims=frozenset(hd.HEAD_DIMS))
-    except ImportError:
-        pass
-    fp8 = "fp8_e4m3fnuz" if str(runtime.native_fp8_dtype(arch)).endswith("fnuz") else "fp8_e4m3"
-    return _planner.Platform(
-        vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch, num_sms=props.multi_processor_count,
-        varlen_kernel=varlen_ok, splitkv_kernel=splitkv_ok,
-        splitkv_kv_formats=frozenset({"bf16", "fp16", fp8}), **kwargs,
-    )
+        tuning.apply(arch)
+        return registry.platform_for(arch, num_sms=props.multi_processor_count, varlen_kernel=varlen_ok,
+                                     splitkv_kernel=splitkv_ok)
+    except ImportError as e:  # kernel modules missing: every request on the Triton path
+        _fallback(Reason.NO_KERNEL.value, "varlen+splitkv", f"{type(e).__name__}: {e}")
+        return _planner.Platform(vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch,
+                                 num_sms=props.multi_processor_count, varlen_kernel=False, splitkv_kernel=False)
+
+
+layer_windows = _planner.reduce_layer_windows
 
 
 def _group_layers(vllm_config, layer_names):
@@ -210,7 +206,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         model_config = vllm_config.model_config
         layers = _group_layers(vllm_config, layer_names)
         impls = [layer.impl for layer in layers.values()]
-        windows = {getattr(i, "sliding_window", None) or 0 for i in impls}
+        per_layer = [getattr(i, "sliding_window", None) or 0 for i in impls]
+        windows = set(per_layer)
         num_q_heads = ({getattr(i, "num_heads", None) for i in impls} - {None}) or {
             model_config.get_num_attention_heads(vllm_config.parallel_config)}
         kv_dtype, scale_mode = kv_format(vllm_config.cache_config.cache_dtype, model_config.dtype, device.type)
@@ -221,7 +218,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             # A group mixing windowed and global layers shares one plan: size splits for full context.
             window=windows.pop() if len(windows) == 1 else 0,
             softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
-            page_size=self.block_size,
+            page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
         self.on_cpu = device.type == "cpu"
         self.platform = detect_platform(device)
@@ -312,10 +309,18 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
     def _log_routes(self, p: Plan, new, cached) -> None:
         if not logger.isEnabledFor(logging.DEBUG):
             return
+        if p.predictions is not None:
+            idx, tv, tu = p.predictions
+            for i, a, b in zip(idx.tolist(), tv.tolist(), tu.tolist()):
+                logger.debug("atom: prefill request %d (new=%d, cached=%d) -> %s (reason: cost, predicted per layer: "
+                             "varlen %.1f us, unified %.1f us)", i, new[i], cached[i],
+                             "varlen" if a < b else "unified", a, b)
         if len(p.decode) and p.decode_reason != Reason.PREFERRED:
             logger.debug("atom: %d decode requests -> %s (reason: %s)", len(p.decode), p.decode_path.value,
                          p.decode_reason.value)
         for i, why in zip(p.unified.tolist(), p.unified_reasons):
+            if why == Reason.COST:
+                continue  # logged with its predictions above
             logger.debug("atom: prefill request %d (new=%d, cached=%d) -> unified (reason: %s)", i, new[i],
                          cached[i], why.value)
 
@@ -331,7 +336,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         c["varlen_cached_tokens"] += int(cached[p.varlen].sum())
         c["unified_prefix_hit_requests"] += int((cached[p.unified] > 0).sum())
         for i in p.varlen.tolist():
-            PREFILL_LOG.append((int(new[i]), int(cached[i]), "varlen", "preferred"))
+            PREFILL_LOG.append((int(new[i]), int(cached[i]), "varlen", p.varlen_reason.value))
         for i, why in zip(p.unified.tolist(), p.unified_reasons):
             PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
         if self._counter_file:

@@ -235,7 +235,7 @@ class Metrics:
         if n:
             self._batch["prefill", "varlen"].inc()
             self._tok["prefill", "varlen"].inc(plan.varlen_tokens)
-            self._req_child("prefill", "varlen", "preferred").inc(n)
+            self._req_child("prefill", "varlen", getattr(plan, "varlen_reason", "preferred")).inc(n)
             self._gbytes.inc(plan.gather_bytes)
             self._gtok.inc(plan.gather_tokens)
         if len(plan.unified):

@@ -15,12 +15,15 @@ Routing, per request (new = new query tokens, cached = tokens already in the KV 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from atom_backend.kernels import rules as _rules
 
 
 class Path(str, Enum):
@@ -68,6 +71,9 @@ class ModelFacts:
     sink_tokens: int = 0
     softcap: float = 0.0
     page_size: int = 16
+    # Window of each layer sharing this plan (0: full attention), e.g. (0, 128) for gpt-oss's
+    # alternating layers; empty means every layer has `window`. Only the cost model reads it.
+    layer_windows: tuple = ()
 
     def __post_init__(self) -> None:
         if self.num_q_heads <= 0 or self.num_kv_heads <= 0 or self.num_q_heads % self.num_kv_heads:
@@ -82,6 +88,8 @@ class ModelFacts:
             raise PlanError("an fp8 KV cache needs a scale (per_tensor or per_page)")
         if not 1 <= self.page_size <= 1024:
             raise PlanError(f"page size {self.page_size} is outside 1..1024")
+        if any(int(w) < 0 for w in self.layer_windows):
+            raise PlanError(f"layer windows {self.layer_windows} must be >= 0")
         if self.head_dim <= 0 or self.head_dim > 256 or self.head_dim % 8:
             raise PlanError(f"head dim {self.head_dim} is unsupported by every path (multiple of 8, at most 256)")
 
@@ -98,21 +106,38 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Platform:
-    """What the machine can run. The kernel registry fills the capability sets."""
+    """What the machine can run, as the kernel registry declares it.
+
+    Build it with ``atom_backend.kernels.platform_for(arch)`` (GPU archs) or take
+    ``CPU_PLATFORM``-like values (``varlen_caps=ANY``): the capability fields are the
+    registry's ``PathCaps`` for the arch, never hand-written sets. ``None`` caps mean no kernel
+    of that path is declared (reason ``kernel_unavailable``). ``cost``: the arch's calibrated
+    cost model (``atom_backend.kernels.cost.CostModel``) or None (threshold routing)."""
 
     vendor: str = "nvidia"  # nvidia | amd | cpu
-    arch: str = "sm_90"
+    arch: str = "sm_90a"
     num_sms: int = 132
     # An executor for the path exists here: the compiled kernel on a GPU, the torch route on
     # the CPU (vendor "cpu"). False when, e.g., the toolchain is missing.
     varlen_kernel: bool = True
     splitkv_kernel: bool = True
-    varlen_head_dims: frozenset = frozenset({64, 128})
-    varlen_dtypes: frozenset = frozenset({"bf16", "fp16"})
-    splitkv_head_dims: frozenset = frozenset({64, 128, 256})
-    splitkv_dtypes: frozenset = frozenset({"bf16", "fp16"})
-    splitkv_kv_formats: frozenset = frozenset({"bf16", "fp16", "fp8_e4m3"})
-    splitkv_page_sizes: frozenset = frozenset(range(1, 1025))
+    varlen_caps: _rules.PathCaps | None = None
+    splitkv_caps: _rules.PathCaps | None = None
+    cost: object | None = None
+
+
+def reduce_layer_windows(windows) -> tuple:
+    """Per-layer windows reduced to their smallest equivalent list (same proportions), for
+    ``ModelFacts.layer_windows`` (cheap to hash): 12 x 0 and 12 x 128 -> (0, 128); one
+    window for every layer -> ()."""
+    import math
+    from collections import Counter
+
+    counts = Counter(int(w or 0) for w in windows)
+    if len(counts) <= 1:
+        return ()
+    g = math.gcd(*counts.values())
+    return tuple(w for w, c in sorted(counts.items()) for _ in range(c // g))
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -137,6 +162,7 @@ class PlannerConfig:
     max_splits: int = 64  # ATOM_MAX_SPLITS: cap (also the CUDA-graph workspace size)
     min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
     target_waves: int = 2  # ATOM_TARGET_WAVES: decode CTAs per SM we aim for
+    cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -158,6 +184,7 @@ class PlannerConfig:
             max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             target_waves=_env_int(env, "ATOM_TARGET_WAVES", 2),
+            cost_routing=env.get("ATOM_COST_ROUTING", "1").strip().lower() not in ("0", "false", "no", "off"),
         )
 
 
@@ -179,17 +206,53 @@ class Plan:
     decode_tokens: int
     varlen_tokens: int
     unified_tokens: int
+    varlen_reason: Reason = Reason.PREFERRED  # COST when the cost model chose the prefill paths
+    # Cost routing only: (prefill request indices, predicted varlen us, predicted unified us),
+    # per layer, from the calibration table's grid (see atom_backend/kernels/cost.py).
+    predictions: tuple | None = None
+
+    @classmethod
+    def _make(cls, **fields) -> "Plan":
+        """The planner's constructor: a frozen dataclass's __init__ sets each field through
+        object.__setattr__ (~3 us for these 15); filling __dict__ at once costs a fifth. Every
+        field is passed (plan() is the only caller)."""
+        obj = object.__new__(cls)
+        obj.__dict__.update(fields)
+        return obj
 
     def route_of(self, i: int) -> tuple[str, str, str]:
         """(phase, path, reason) of request i: for tables and debug logs, not the hot path."""
         if i in self.decode:
             return "decode", self.decode_path.value, self.decode_reason.value
         if i in self.varlen:
-            return "prefill", Path.VARLEN.value, Reason.PREFERRED.value
+            return "prefill", Path.VARLEN.value, self.varlen_reason.value
         if i in self.unified:
             k = int(np.searchsorted(self.unified, i))
             return "prefill", Path.UNIFIED.value, self.unified_reasons[k].value
         return "empty", "-", "-"
+
+    def predicted(self, i: int) -> tuple[float, float] | None:
+        """(varlen us, unified us) the cost model predicted for prefill request i, or None."""
+        if self.predictions is None:
+            return None
+        idx, tv, tu = self.predictions
+        k = int(np.searchsorted(idx, i))
+        if k < len(idx) and idx[k] == i:
+            return float(tv[k]), float(tu[k])
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _path_reason(caps, facts: ModelFacts) -> Reason | None:
+    """The registry's answer (rules.check) for one path and model, memoised: plan() pays a
+    dict lookup. PathCaps hash by identity (built once per arch)."""
+    r = _rules.check(caps, _rules.Signature.of(facts))
+    return None if r is None else Reason(r.reason)
+
+
+def path_refusal(caps, facts: ModelFacts):
+    """The full Refusal (reason + detail) for logs and the CLI."""
+    return _rules.check(caps, _rules.Signature.of(facts))
 
 
 def model_varlen_reason(facts: ModelFacts, platform: Platform, config: PlannerConfig) -> Reason | None:
@@ -200,26 +263,14 @@ def model_varlen_reason(facts: ModelFacts, platform: Platform, config: PlannerCo
         return Reason.VARLEN_DISABLED
     if not platform.varlen_kernel:
         return Reason.NO_KERNEL
-    if facts.head_dim not in platform.varlen_head_dims:
-        return Reason.HEAD_DIM
-    if facts.dtype not in platform.varlen_dtypes:
-        return Reason.DTYPE
-    return None
+    return _path_reason(platform.varlen_caps, facts)
 
 
 def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None:
     """Why decode of this model cannot take the split-KV kernel (None: it can)."""
     if not platform.splitkv_kernel:
         return Reason.NO_KERNEL
-    if facts.head_dim not in platform.splitkv_head_dims:
-        return Reason.HEAD_DIM
-    if facts.dtype not in platform.splitkv_dtypes:
-        return Reason.DTYPE
-    if facts.kv_dtype not in platform.splitkv_kv_formats:
-        return Reason.KV_FORMAT
-    if facts.page_size not in platform.splitkv_page_sizes:
-        return Reason.PAGE_SIZE
-    return None
+    return _path_reason(platform.splitkv_caps, facts)
 
 
 def decode_splits(
@@ -239,6 +290,9 @@ def decode_splits(
 
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
+_sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
 
 
 def plan(
@@ -248,8 +302,13 @@ def plan(
     platform: Platform,
     config: PlannerConfig,
 ) -> Plan:
-    """Route every request of a batch; deterministic and cheap (about 10 us for 256 requests
-    when given integer arrays, as the metadata builder does; see bench/planner.py)."""
+    """Route every request of a batch; deterministic and cheap (< 20 us for 256 requests when
+    given integer arrays, as the metadata builder does; see bench/planner.py).
+
+    Prefill routing, when the varlen path can serve the model and no path is forced: with a
+    cost model for the arch (``platform.cost``, from ``atom_backend/tables/cost_<arch>.json``)
+    each request takes the path of lower predicted time (reason ``cost``); without one, the
+    threshold rules (``varlen_min_new_tokens``, ``max_gather_ratio``) decide."""
     new = np.asarray(new_tokens, dtype=np.int64)
     cached = np.asarray(cached_tokens, dtype=np.int64)
     if new.shape != cached.shape or new.ndim != 1:
@@ -258,41 +317,64 @@ def plan(
         raise PlanError("token counts must be >= 0")
     model_reason = model_varlen_reason(facts, platform, config)
 
+    # Every step below works on index arrays (few numpy calls: the 20 us budget is mostly
+    # numpy's per-call cost, not per-request work).
     is_prefill = new > config.decode_max_query_tokens
-    is_decode = (new > 0) & ~is_prefill
+    pf = is_prefill.nonzero()[0]
+    if config.decode_max_query_tokens == 1:
+        decode = (new == 1).nonzero()[0]
+    else:
+        decode = (is_prefill < (new > 0)).nonzero()[0]  # 0 < new <= decode_max_query_tokens
+    n_pf = new[pf]
+    predictions = None
+    cost = platform.cost if config.cost_routing else None
     if model_reason is not None:
-        to_varlen = np.zeros_like(is_prefill)
+        varlen, unified = _EMPTY, pf
+        reasons = (model_reason,) * len(pf)
     elif config.force_path == "varlen":
-        to_varlen = is_prefill
+        varlen, unified, reasons = pf, _EMPTY, ()
+    elif cost is not None and len(pf):
+        tv, tu = cost.predict(facts, n_pf, cached[pf])
+        cheaper = tv < tu
+        varlen, unified = pf[cheaper], pf[~cheaper]
+        reasons = (Reason.COST,) * len(unified)
+        predictions = (pf, tv, tu)
     else:
         # The gather copies cached + new keys; past max_gather_ratio cached keys per new
         # token it costs more than reading the pages in place.
-        to_varlen = is_prefill & (new >= config.varlen_min_new_tokens) & (cached <= config.max_gather_ratio * new)
-    decode = is_decode.nonzero()[0]
-    varlen = to_varlen.nonzero()[0]
-    unified = (is_prefill & ~to_varlen).nonzero()[0]
-
-    if model_reason is not None:
-        reasons = (model_reason,) * len(unified)
-    else:
-        small = (new[unified] < config.varlen_min_new_tokens).tolist()
+        ok = (n_pf >= config.varlen_min_new_tokens) & (cached[pf] <= config.max_gather_ratio * n_pf)
+        varlen, unified = pf[ok], pf[~ok]
+        small = (n_pf[~ok] < config.varlen_min_new_tokens).tolist()
         reasons = tuple(map(_COST_REASONS.__getitem__, small))
-    total = new + cached
-    gather_tokens = int(total @ to_varlen)
-    max_ctx = int(total[decode].max()) if len(decode) else 0
-    decode_reason = model_splitkv_reason(facts, platform) if len(decode) else None
-    return Plan(
+    n_dec = len(decode)
+    varlen_tokens = int(_sum(new[varlen])) if len(varlen) else 0
+    gather_tokens = varlen_tokens + int(_sum(cached[varlen])) if len(varlen) else 0
+    if n_dec and config.decode_max_query_tokens == 1:
+        max_ctx = int(cached[decode].max()) + 1
+        decode_tokens = n_dec
+        decode_reason = model_splitkv_reason(facts, platform)
+    elif n_dec:
+        nd = new[decode]
+        max_ctx = int((nd + cached[decode]).max())
+        decode_tokens = int(_sum(nd))
+        decode_reason = model_splitkv_reason(facts, platform)
+    else:
+        max_ctx = decode_tokens = 0
+        decode_reason = None
+    return Plan._make(
         decode=decode,
         decode_path=Path.SPLITKV if decode_reason is None else Path.UNIFIED,
         decode_reason=Reason.PREFERRED if decode_reason is None else decode_reason,
-        num_splits=decode_splits(len(decode), max_ctx, facts, platform, config),
+        num_splits=decode_splits(n_dec, max_ctx, facts, platform, config),
         varlen=varlen,
         unified=unified,
         unified_reasons=reasons,
-        empty=(new == 0).nonzero()[0],
+        empty=(new == 0).nonzero()[0] if len(pf) + n_dec < len(new) else _EMPTY,
         gather_tokens=gather_tokens,
         gather_bytes=gather_tokens * facts.gathered_bytes_per_token,
-        decode_tokens=int(new @ is_decode),
-        varlen_tokens=int(new @ to_varlen),
-        unified_tokens=int(new @ is_prefill) - int(new @ to_varlen),
+        decode_tokens=decode_tokens,
+        varlen_tokens=varlen_tokens,
+        unified_tokens=(int(_sum(n_pf)) if len(pf) else 0) - varlen_tokens,
+        varlen_reason=Reason.COST if predictions is not None else Reason.PREFERRED,
+        predictions=predictions,
     )

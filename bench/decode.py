@@ -18,7 +18,8 @@ import random
 
 import torch
 
-from atom_backend.planner import ModelFacts, PlannerConfig, Platform, decode_splits
+from atom_backend.kernels import platform_for
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16
@@ -155,7 +156,7 @@ def main(argv=None) -> None:
     sms = props.multi_processor_count
     bw = copy_bandwidth()
     print(f"# device {props.name}, {sms} SMs; copy bandwidth (read + write) {bw / 1e9:.0f} GB/s")
-    platform = Platform(vendor="nvidia", arch="sm_90", num_sms=sms)
+    platform = platform_for("sm_90a", num_sms=sms, use_tables=False)
     cfg = PlannerConfig()
     rows = []
 

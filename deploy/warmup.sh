@@ -2,6 +2,8 @@
 # Pre-compiles every kernel variant into $ATOM_KERNEL_CACHE at image build time, so serving
 # can run without a compiler pass on the first request (and with ATOM_NO_COMPILE=1).
 # Usage: warmup.sh ARCH...   (sm_90a, gfx942, gfx950, ...). WARMUP_DRY_RUN=1 prints the command.
+# ATOM_WARMUP_MODEL=/path/config.json (or a model directory) compiles only what that model needs;
+# ATOM_WARMUP_ARGS adds flags (e.g. "--kv-dtype auto,fp8 --tp 2"). Unset: every declared variant.
 # A package version without a warm-up command still builds: the kernels then compile on
 # first use, and this says so.
 set -eu
@@ -14,6 +16,8 @@ has() { "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_
 
 if has atom_backend.kernels; then
     cmd="$PY -m atom_backend.kernels build$args"
+    [ -n "${ATOM_WARMUP_MODEL:-}" ] && cmd="$cmd --model $ATOM_WARMUP_MODEL"
+    [ -n "${ATOM_WARMUP_ARGS:-}" ] && cmd="$cmd $ATOM_WARMUP_ARGS"
 elif has hip_kernels.variants; then
     cmd="$PY -m hip_kernels.variants$args"
 else

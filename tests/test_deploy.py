@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from atom_backend.metrics import Metrics
-from atom_backend.planner import ModelFacts, Platform, PlannerConfig, plan
+from atom_backend.planner import ModelFacts, PlannerConfig, plan
+from atom_backend.kernels import platform_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -90,7 +91,7 @@ def live_sample_names() -> set[str]:
     reg = CollectorRegistry()
     m = Metrics(reg, sample_rate=1.0, device_timing=False)
     facts = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=64)
-    m.record_plan(plan([300, 1, 1, 3, 200], [40, 900, 100, 10, 64 * 200 + 1], facts, Platform(), PlannerConfig()), 1e-5)
+    m.record_plan(plan([300, 1, 1, 3, 200], [40, 900, 100, 10, 64 * 200 + 1], facts, platform_for("sm_90a", use_tables=False), PlannerConfig()), 1e-5)
     m.record_fallback("kernel_unavailable", "unified")
     m.record_compile("decode", 0.1, cache_hit=False)
     m.record_compile("decode", 0.01, cache_hit=True)

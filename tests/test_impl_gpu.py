@@ -70,9 +70,13 @@ _install_vllm_stand_in()
 
 from atom_backend import reference as ref  # noqa: E402
 from atom_backend.backend import split_kv_cache  # noqa: E402
+from atom_backend.planner import PlannerConfig  # noqa: E402
 from atom_backend.tolerances import assert_close  # noqa: E402
 from tests.test_impl_cpu import LAYER, MIXED_CACHED, MIXED_NEW, Case, _builder, _impl, _reference  # noqa: E402
 
+# These tests pin the routes of the threshold rules; cost routing has its own tests
+# (tests/test_cost_model.py on the CPU, bench.trace on the GPU).
+THRESHOLDS = PlannerConfig(cost_routing=False)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 
 
@@ -108,7 +112,7 @@ def test_mixed_batch_on_compiled_kernels(d, layout, window, with_sinks):
 
     case = Case(MIXED_NEW, MIXED_CACHED, d=d, dtype=torch.bfloat16, layout=layout, seed=d + window).to("cuda")
     sinks = torch.randn(case.hq, device="cuda") if with_sinks else None
-    b = _builder(case.facts(has_sinks=with_sinks, window=window), device="cuda")
+    b = _builder(case.facts(has_sinks=with_sinks, window=window), THRESHOLDS, device="cuda")
     assert b.platform.varlen_kernel and b.platform.splitkv_kernel, b.platform
     md = b.build(0, case.common())
     assert md.plan.decode_path == Path.SPLITKV and md.decode_kernel == "hip"
@@ -124,7 +128,7 @@ def test_mixed_batch_on_compiled_kernels(d, layout, window, with_sinks):
 def test_fp8_cache_on_compiled_kernels():
     case = Case(MIXED_NEW, MIXED_CACHED, d=128, dtype=torch.bfloat16, fp8=True, seed=4).to("cuda")
     sinks = torch.randn(case.hq, device="cuda")
-    md = _builder(case.facts(has_sinks=True), device="cuda").build(0, case.common())
+    md = _builder(case.facts(has_sinks=True), THRESHOLDS, device="cuda").build(0, case.common())
     impl = _impl(case, sinks=sinks)
     out = _forward(case, impl, md)
     assert_close(out.float().cpu(), _reference(case, impl, sinks).float(), torch.bfloat16)
@@ -136,7 +140,7 @@ def test_unsupported_head_dim_and_fp32_route_to_triton():
 
     case = Case(MIXED_NEW, MIXED_CACHED, d=32, dtype=torch.float32, seed=9).to("cuda")
     sinks = torch.randn(case.hq, device="cuda")
-    md = _builder(case.facts(has_sinks=True), device="cuda").build(0, case.common())
+    md = _builder(case.facts(has_sinks=True), THRESHOLDS, device="cuda").build(0, case.common())
     assert md.plan.decode_path == Path.UNIFIED and md.decode_kernel == "triton"
     assert len(md.plan.varlen) == 0 and set(md.plan.unified_reasons) == {Reason.HEAD_DIM}
     impl = _impl(case, sinks=sinks)

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atom_backend import metrics
 from atom_backend.metrics import NULL_TIMER, Metrics
-from atom_backend.planner import ModelFacts, Platform, PlannerConfig, Reason, plan
+from atom_backend.planner import ModelFacts, PlannerConfig, Reason, plan
+from atom_backend.kernels import platform_for
 
 ROOT = FsPath(__file__).resolve().parents[1]
 FACTS = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64, has_sinks=True, window=0, page_size=16)
@@ -41,7 +42,7 @@ def _value(reg, name, **labels):
 def test_record_plan_counts_every_route():
     reg = CollectorRegistry()
     m = Metrics(reg, sample_rate=0.0)
-    plans = [plan(*_random_batch(s), FACTS, Platform(), PlannerConfig()) for s in range(5)]
+    plans = [plan(*_random_batch(s), FACTS, platform_for("sm_90a", use_tables=False), PlannerConfig()) for s in range(5)]
     for p in plans:
         m.record_plan(p, 2e-5)
     assert any(len(p.unified) for p in plans) and any(len(p.varlen) for p in plans) and any(len(p.decode) for p in plans)
@@ -80,7 +81,7 @@ def test_model_level_reasons_label_decode_and_prefill():
     reg = CollectorRegistry()
     m = Metrics(reg)
     facts = ModelFacts(num_q_heads=8, num_kv_heads=8, head_dim=96)  # no kernel takes d96
-    p = plan([1, 1, 300, 5], [40, 70, 10, 3], facts, Platform(), PlannerConfig())
+    p = plan([1, 1, 300, 5], [40, 70, 10, 3], facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
     m.record_plan(p, 1e-5)
     assert _value(reg, "atom_routed_requests_total", phase="decode", path="unified", reason="unsupported_head_dim") == 2
     assert _value(reg, "atom_routed_requests_total", phase="prefill", path="unified", reason="unsupported_head_dim") == 2
@@ -177,7 +178,7 @@ def test_device_timer_reads_only_completed_events():
     assert _value(reg, "atom_kernel_seconds_count", path="splitkv") == 1
     assert _value(reg, "atom_kernel_seconds_sum", path="splitkv") == pytest.approx(0.5e-3)
     made[2].done = made[3].done = True
-    m.record_plan(plan([1], [100], FACTS, Platform(), PlannerConfig()), 1e-5)  # drains once per batch
+    m.record_plan(plan([1], [100], FACTS, platform_for("sm_90a", use_tables=False), PlannerConfig()), 1e-5)  # drains once per batch
     assert m.poll() == 0 and _value(reg, "atom_kernel_seconds_count", path="splitkv") == 2
     assert len(m._free) == 4  # event pairs are reused, not re-created per sample
 
@@ -206,9 +207,10 @@ WORKER = """
     import json, sys
     {pre}
     from atom_backend import metrics
-    from atom_backend.planner import ModelFacts, Platform, PlannerConfig, plan
+    from atom_backend.planner import ModelFacts, PlannerConfig, plan
+    from atom_backend.kernels import platform_for
     facts = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64)
-    p = plan({new}, {cached}, facts, Platform(), PlannerConfig())
+    p = plan({new}, {cached}, facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
     metrics.record_plan(p, 3e-5)
     metrics.record_compile("gather", 0.5, cache_hit=False)
     with metrics.kernel_timer("varlen"):
@@ -281,8 +283,9 @@ def test_disabled_is_a_no_op():
         import json
         from prometheus_client import REGISTRY, generate_latest
         from atom_backend import metrics
-        from atom_backend.planner import ModelFacts, Platform, PlannerConfig, plan
-        p = plan([100, 1], [0, 40], ModelFacts(num_q_heads=4, num_kv_heads=4, head_dim=64), Platform(), PlannerConfig())
+        from atom_backend.planner import ModelFacts, PlannerConfig, plan
+        from atom_backend.kernels import platform_for
+        p = plan([100, 1], [0, 40], ModelFacts(num_q_heads=4, num_kv_heads=4, head_dim=64), platform_for("sm_90a", use_tables=False), PlannerConfig())
         metrics.record_plan(p, 1e-5)
         metrics.record_compile("decode", 1.0, True)
         metrics.record_fallback("kernel_unavailable", "unified")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_backend.planner import ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason, plan
+from atom_backend.planner import ModelFacts, Path, Plan, PlanError, PlannerConfig, Reason, plan
+from atom_backend.kernels import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
 LLAMA = ModelFacts(32, 8, 128)
-H100 = Platform()
+H100 = platform_for("sm_90a", use_tables=False)
 DEFAULT = PlannerConfig()
 
 
@@ -53,7 +56,7 @@ def test_routing_table(name, new, cached, facts, config, expected):
 
 
 def test_missing_kernels_route_with_kernel_unavailable():
-    no_kernels = Platform(varlen_kernel=False, splitkv_kernel=False)
+    no_kernels = replace(H100, varlen_kernel=False, splitkv_kernel=False)
     p = plan([1, 500], [10, 0], LLAMA, no_kernels, DEFAULT)
     assert routes(p, 2) == [("decode", "unified", "kernel_unavailable"), ("prefill", "unified", "kernel_unavailable")]
 
@@ -99,7 +102,7 @@ def test_window_limits_split_count():
 
 
 def test_split_count_respects_cap():
-    p = plan([1], [10**6], LLAMA, Platform(num_sms=1000), PlannerConfig(max_splits=16))
+    p = plan([1], [10**6], LLAMA, replace(H100, num_sms=1000), PlannerConfig(max_splits=16))
     assert p.num_splits == 16
 
 

@@ -1,0 +1,175 @@
+"""The prefill cost model: predicted time of a request on the varlen path against the unified
+path, from a per-arch calibration table (``python -m bench.calibrate``). Torch-free.
+
+Per layer, for a request with n new and c cached tokens (work = visible (query, key) pairs x
+query heads x head dim, DESIGN.md's FLOP count over 4):
+
+    varlen  = (n + c) x (cache bytes + packed bytes per token) / gather bandwidth
+              + work / varlen_rate(n, c)
+    unified = work / unified_rate(n, c)
+
+Rates (work per microsecond) come from kernel times measured on the GPU over a grid of
+(new, cached) for a few (heads, kv heads, head dim, window) shapes, each timed on a batch of
+identical requests and divided by the batch size (the marginal cost of one request in a full
+GPU). Between grid points the log of the rate is interpolated bilinearly in (log2 n,
+log2(c + 1)); outside, the nearest edge holds. The shape used for a model: same head dim (else
+nearest), same window class (full / windowed), nearest head count. A model whose layers have
+different windows (``ModelFacts.layer_windows``) averages the per-layer predictions.
+
+For the planner's 20 us budget, ``bind(facts)`` evaluates both predictions once per model on
+a fine grid (1/16 octave in n and in c + 1); ``predict`` then costs two ``searchsorted`` and
+two lookups for the whole batch. ``explain`` gives the exact (off-grid) numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+SCHEMA = 1
+_STEPS = 16  # grid points per octave of the bound tables
+_MAX_LOG_NEW = 21  # 2M new tokens
+_MAX_LOG_CACHED = 23  # 8M cached tokens
+_ELEM = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e4m3fnuz": 1}
+
+
+def visible_pairs(n, c, window: int):
+    """Visible (query, key) pairs of a request with n new queries after c cached keys (causal,
+    bottom-right aligned, sliding window W keeps W keys per query); numpy-vectorised."""
+    n = np.asarray(n, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    # query i sees min(c + i + 1, W) keys: sum over x = c+1 .. c+n of min(x, W)
+    if window <= 0:
+        return n * c + n * (n + 1) / 2
+    a, b = c + 1, c + n
+    top = np.minimum(b, window)
+    below = np.where(top >= a, (top * (top + 1) - (a - 1) * a) / 2, 0.0)
+    above = np.maximum(0.0, b - np.maximum(a - 1, window)) * window
+    return below + above
+
+
+class _Shape:
+    def __init__(self, d: dict, grid_new, grid_cached):
+        self.hq, self.hk, self.d = int(d["num_q_heads"]), int(d["num_kv_heads"]), int(d["head_dim"])
+        self.window = int(d.get("window", 0))
+        n, c = np.meshgrid(grid_new, grid_cached, indexing="ij")
+        work = visible_pairs(n, c, self.window) * self.hq * self.d
+        self.log_rate = {}
+        for path in ("varlen", "unified"):
+            t = np.asarray(d[f"{path}_us"], dtype=np.float64)
+            if t.shape != work.shape or not np.all(t > 0):
+                raise ValueError(f"cost table shape {self.hq}/{self.hk}/{self.d} w{self.window}: {path}_us must be "
+                                 f"positive, {work.shape[0]} x {work.shape[1]} (new x cached)")
+            self.log_rate[path] = np.log(work / t)
+
+
+class CostModel:
+    """Predictions from one calibration table (see the module docstring)."""
+
+    def __init__(self, table: dict, source: str = "<table>"):
+        if table.get("schema") != SCHEMA:
+            raise ValueError(f"{source}: cost table schema {table.get('schema')!r}, this version reads {SCHEMA}")
+        self.source = source
+        self.arch = table.get("arch", "?")
+        self.produced_by = table.get("produced_by", {})
+        g = table["gather"]
+        self.gather_gbps = {k: float(v["gbps"]) for k, v in g.items()}
+        if not {"16bit", "fp8"} & set(self.gather_gbps) or min(self.gather_gbps.values()) <= 0:
+            raise ValueError(f"{source}: gather bandwidth needs a positive '16bit' or 'fp8' entry")
+        self.grid_new = np.asarray(table["grid"]["new"], dtype=np.float64)
+        self.grid_cached = np.asarray(table["grid"]["cached"], dtype=np.float64)
+        if (len(self.grid_new) < 2 or len(self.grid_cached) < 2 or np.any(np.diff(self.grid_new) <= 0)
+                or np.any(np.diff(self.grid_cached) <= 0) or self.grid_new[0] < 1 or self.grid_cached[0] < 0):
+            raise ValueError(f"{source}: grid axes need >= 2 increasing points, new >= 1, cached >= 0")
+        self._x = np.log2(self.grid_new)
+        self._y = np.log2(self.grid_cached + 1)
+        self.shapes = [_Shape(s, self.grid_new, self.grid_cached) for s in table["shapes"]]
+        if not self.shapes:
+            raise ValueError(f"{source}: no calibrated shapes")
+        self._bound: dict = {}
+
+    # -- choosing the calibrated shape and interpolating its rate ---------------------------
+    def shape_for(self, facts, window: int) -> _Shape:
+        def score(s: _Shape):
+            return ((s.d != facts.head_dim) * 100 + abs(math.log2(s.d / facts.head_dim)) * 10
+                    + ((s.window > 0) != (window > 0)) * 50 + abs(math.log2(max(s.window, 1) / max(window, 1)))
+                    + abs(math.log2(s.hq / facts.num_q_heads)))
+
+        return min(self.shapes, key=score)
+
+    def _rate(self, shape: _Shape, path: str, n, c):
+        """Interpolated work per us at (n, c) (arrays of one shape): bilinear in log space."""
+        x = np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
+        y = np.log2(np.asarray(c, dtype=np.float64) + 1)
+        X, Y, lr = self._x, self._y, shape.log_rate[path]
+        xi = np.clip(np.searchsorted(X, x) - 1, 0, len(X) - 2)
+        yi = np.clip(np.searchsorted(Y, y) - 1, 0, len(Y) - 2)
+        tx = np.clip((x - X[xi]) / (X[xi + 1] - X[xi]), 0.0, 1.0)
+        ty = np.clip((y - Y[yi]) / (Y[yi + 1] - Y[yi]), 0.0, 1.0)
+        v = (lr[xi, yi] * (1 - tx) * (1 - ty) + lr[xi + 1, yi] * tx * (1 - ty)
+             + lr[xi, yi + 1] * (1 - tx) * ty + lr[xi + 1, yi + 1] * tx * ty)
+        return np.exp(v)
+
+    def _gather_gbps(self, facts) -> float:
+        key = "fp8" if facts.kv_dtype.startswith("fp8") else "16bit"
+        return self.gather_gbps.get(key) or next(iter(self.gather_gbps.values()))
+
+    def _layers(self, facts):
+        ws = list(getattr(facts, "layer_windows", ()) or ()) or [facts.window]
+        uniq = sorted(set(int(w) for w in ws))
+        return [(w, ws.count(w) / len(ws)) for w in uniq]
+
+    def explain(self, facts, n, c) -> dict:
+        """Exact per-layer predictions (us) of requests (n, c): for logs, tests and docs."""
+        n = np.atleast_1d(np.asarray(n, dtype=np.float64))
+        c = np.atleast_1d(np.asarray(c, dtype=np.float64))
+        bytes_tok = facts.kv_bytes_per_token + facts.gathered_bytes_per_token
+        gather = (n + c) * bytes_tok / (self._gather_gbps(facts) * 1e3)
+        tv = np.array(gather)
+        tu = np.zeros_like(n)
+        for w, weight in self._layers(facts):
+            s = self.shape_for(facts, w)
+            work = visible_pairs(n, c, w) * facts.num_q_heads * facts.head_dim
+            tv = tv + weight * work / self._rate(s, "varlen", n, c)
+            tu = tu + weight * work / self._rate(s, "unified", n, c)
+        return {"varlen_us": tv, "unified_us": tu, "gather_us": gather}
+
+    # -- the planner's fast path ------------------------------------------------------------
+    def bind(self, facts) -> "_Bound":
+        b = self._bound.get(facts)
+        if b is None:
+            b = self._bound[facts] = _Bound(self, facts)
+        return b
+
+    def predict(self, facts, new: np.ndarray, cached: np.ndarray):
+        """(varlen us, unified us) per request, from the bound fine grid (float32 arrays)."""
+        b = self._bound.get(facts) or self.bind(facts)
+        k = b.n_mid.searchsorted(new) * b.ncols + b.c_mid.searchsorted(cached)  # methods: half the call cost
+        z = b.z.take(k)  # both predictions in one lookup: varlen + 1j * unified
+        return z.real, z.imag
+
+    def __repr__(self) -> str:
+        return f"CostModel({self.arch}, {len(self.shapes)} shapes, {self.source})"
+
+
+class _Bound:
+    """Both predictions of one model on the fine (n, c) grid."""
+
+    def __init__(self, model: CostModel, facts):
+        kn = np.arange(_STEPS * _MAX_LOG_NEW + 1)
+        kc = np.arange(_STEPS * _MAX_LOG_CACHED + 1)
+        n_pts = np.round(2.0 ** (kn / _STEPS))
+        c_pts = np.concatenate([[0.0], np.round(2.0 ** (kc / _STEPS))])
+        n_pts, c_pts = np.unique(n_pts), np.unique(c_pts)
+        # a request maps to the grid point nearest in log space
+        # integer edges (floor of the geometric midpoints): searchsorted on int64 against int64
+        # is twice as fast as against floats, and for integer counts "edge < x" is unchanged
+        self.n_mid = np.floor(np.sqrt(n_pts[:-1] * n_pts[1:])).astype(np.int64)
+        self.c_mid = np.floor(np.concatenate([[0.5], np.sqrt(c_pts[1:-1] * c_pts[2:])])).astype(np.int64)
+        N, C = np.meshgrid(n_pts, c_pts, indexing="ij")
+        e = model.explain(facts, N.ravel(), C.ravel())
+        self.tv = e["varlen_us"].reshape(N.shape).astype(np.float32)
+        self.tu = e["unified_us"].reshape(N.shape).astype(np.float32)
+        self.ncols = N.shape[1]
+        self.z = (self.tv + 1j * self.tu).astype(np.complex64).ravel()

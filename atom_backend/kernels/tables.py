@@ -1,0 +1,125 @@
+"""Per-arch JSON tables: tuning (``tuning_<arch>.json``) and cost (``cost_<arch>.json``). Torch-free.
+
+Where: ``atom_backend/tables/`` (package data), after ``$ATOM_TABLES_DIR`` when set (a
+directory searched first: tables from a fresh ``bench.tune`` / ``bench.calibrate`` run, tried
+before they are committed). Key: the arch family (``rules.arch_family``: sm_90a -> sm_90).
+
+Every table carries ``schema`` (this version reads ``SCHEMA``), ``arch`` and ``produced_by``
+(command, date, device, software). A missing table, another schema or a table that does not
+parse means the documented defaults: the kernel modules' own tile configurations
+(``hip_kernels.prefill.CONFIGS`` / ``WINDOW_CONFIGS``) and the planner's threshold rules. A
+table that exists but cannot be used is logged once, never fatal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import logging
+import os
+import platform as _platform
+import sys
+from pathlib import Path
+
+from atom_backend.kernels.rules import arch_family
+
+log = logging.getLogger("atom_backend")
+
+SCHEMA = 1
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "tables"
+KINDS = ("tuning", "cost")
+
+
+def search_dirs() -> list[Path]:
+    env = os.environ.get("ATOM_TABLES_DIR")
+    return ([Path(env)] if env else []) + [PACKAGE_DIR]
+
+
+def table_path(kind: str, arch: str) -> Path | None:
+    """The file a table of `kind` for `arch` is read from, or None when there is none."""
+    if kind not in KINDS:
+        raise ValueError(f"table kind {kind!r} is not one of {KINDS}")
+    name = f"{kind}_{arch_family(arch)}.json"
+    for d in search_dirs():
+        p = d / name
+        if p.is_file():
+            return p
+    return None
+
+
+def load(kind: str, arch: str) -> dict | None:
+    """The parsed table, or None (no table, unreadable, or another schema: logged)."""
+    return _load_cached(kind, arch_family(arch), tuple(str(d) for d in search_dirs()))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_cached(kind: str, family: str, _dirs: tuple) -> dict | None:
+    p = table_path(kind, family)
+    if p is None:
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("atom: %s table %s unreadable (%s): using the defaults", kind, p, e)
+        return None
+    if data.get("schema") != SCHEMA or data.get("kind", kind) != kind:
+        log.warning("atom: %s table %s has schema %r (this version reads %d): using the defaults", kind, p,
+                    data.get("schema"), SCHEMA)
+        return None
+    data["_path"] = str(p)
+    return data
+
+
+def cost_model(arch: str):
+    """The arch's CostModel, or None (the planner then routes by thresholds)."""
+    return _cost_cached(arch_family(arch), tuple(str(d) for d in search_dirs()))
+
+
+@functools.lru_cache(maxsize=None)
+def _cost_cached(family: str, _dirs: tuple):
+    data = load("cost", family)
+    if data is None:
+        return None
+    from atom_backend.kernels.cost import CostModel
+
+    try:
+        return CostModel(data, data["_path"])
+    except (KeyError, ValueError, TypeError) as e:
+        log.warning("atom: cost table %s is unusable (%s): threshold routing", data["_path"], e)
+        return None
+
+
+def tuning_table(arch: str) -> dict | None:
+    return load("tuning", arch)
+
+
+def clear_cache() -> None:
+    _load_cached.cache_clear()
+    _cost_cached.cache_clear()
+
+
+def produced_by(command: str, device: str = "", **extra) -> dict:
+    """The provenance block every table writer stores."""
+    info = {"command": command, "date": datetime.date.today().isoformat(), "device": device,
+            "python": sys.version.split()[0], "host": _platform.node()}
+    for mod in ("torch", "triton", "numpy"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            info[mod] = getattr(m, "__version__", "?")
+    info.update(extra)
+    return info
+
+
+def write(kind: str, arch: str, body: dict, command: str, device: str, out_dir: str | Path | None = None) -> Path:
+    """Write a table (schema, kind, arch, produced_by + body) and return its path."""
+    out = Path(out_dir) if out_dir else PACKAGE_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"schema": SCHEMA, "kind": kind, "arch": arch_family(arch),
+            "produced_by": produced_by(command, device), **body}
+    p = out / f"{kind}_{arch_family(arch)}.json"
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, p)
+    clear_cache()
+    return p

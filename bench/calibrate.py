@@ -1,0 +1,159 @@
+"""`python -m bench.calibrate`: measure the prefill cost model's inputs on this GPU and write
+``atom_backend/tables/cost_<arch>.json`` (atom_backend/kernels/cost.py reads it).
+
+    PYTHONPATH=. python -m bench.calibrate [--quick] [--out DIR]
+
+Measured, in one process:
+- gather bandwidth: hip gather of a paged cache into packed K/V (16-bit copy and fp8 dequant),
+  bytes read + written per second;
+- varlen prefill time (hip kernel over packed K/V, the launcher's work list) and unified prefill
+  time (Triton over the pages) for a grid of (new tokens, cached tokens) per shape (query heads,
+  kv heads, head dim, window). Each point runs a batch of B identical requests (B fills the GPU:
+  ~8k query tokens, at most ~1.5M keys) and records time / B: the marginal cost of one request.
+
+--quick: one shape, a 3 x 3 grid (GPU smoke test). A full run takes about 2 minutes on H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+from bench.common import bench_ms, device_name
+
+DT = torch.bfloat16
+PAGE = 16
+FULL_GRID = {"new": [16, 64, 256, 1024, 4096, 16384], "cached": [0, 1024, 4096, 16384, 32768]}
+QUICK_GRID = {"new": [64, 1024, 8192], "cached": [0, 4096, 32768]}
+# (num_q_heads, num_kv_heads, head_dim, window): gpt-oss (full and sliding layers), Llama-style.
+FULL_SHAPES = [(64, 8, 64, 0), (64, 8, 64, 128), (32, 8, 128, 0)]
+QUICK_SHAPES = [(64, 8, 64, 0)]
+
+
+def paged(seqs_k, hk, d, dtype=DT, page=PAGE, gen=None, device="cuda"):
+    """(k_cache, v_cache, block_table, seq_lens) holding len sk keys per request, pages permuted."""
+    n = [-(-sk // page) for sk in seqs_k]
+    nb = sum(n) + 4
+    perm = torch.randperm(nb, generator=gen)[: sum(n)].to(torch.int32)
+    shape = (nb, page, hk, d)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        kc = (torch.randn(shape, device=device) * 0.5).to(dtype)
+        vc = (torch.randn(shape, device=device) * 0.5).to(dtype)
+    else:
+        kc = torch.randn(shape, device=device, dtype=dtype)
+        vc = torch.randn(shape, device=device, dtype=dtype)
+    bt = torch.zeros(len(seqs_k), max(n) if n else 1, dtype=torch.int32)
+    i = 0
+    for b, m in enumerate(n):
+        bt[b, :m] = perm[i:i + m]
+        i += m
+    return kc, vc, bt.to(device), torch.tensor(seqs_k, dtype=torch.int32, device=device)
+
+
+def cu(lens, device="cuda"):
+    out = [0]
+    for x in lens:
+        out.append(out[-1] + int(x))
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def batch_size(n: int, c: int) -> int:
+    return max(1, min(32, -(-8192 // n), 1_500_000 // (n + c)))
+
+
+def gather_bandwidth(kv: str, tokens: int, hk=8, d=64) -> float:
+    from hip_kernels import gather as hg
+    from hip_kernels import runtime
+
+    dtype = runtime.native_fp8_dtype(runtime.device_arch()) if kv == "fp8" else DT
+    reqs = 16
+    per = tokens // reqs
+    kc, vc, bt, _ = paged([per] * reqs, hk, d, dtype)
+    cuk = cu([per] * reqs)
+    kw = dict(block_table=bt)
+    if kv == "fp8":
+        kw.update(k_scale=0.5, v_scale=0.5, out_dtype=DT)
+    k_out = torch.empty(per * reqs, hk, d, dtype=DT, device="cuda")
+    v_out = torch.empty_like(k_out)
+    fn = lambda: hg.gather_kv(kc, vc, cuk, per * reqs, k_out=k_out, v_out=v_out, **kw)
+    ms = bench_ms(fn)
+    moved = per * reqs * 2 * hk * d * (kc.element_size() + 2)
+    return moved / (ms * 1e-3) / 1e9
+
+
+def time_point(n: int, c: int, hq: int, hk: int, d: int, window: int, sinks: torch.Tensor, gen) -> tuple[float, float, int]:
+    """(varlen us, unified us) per request at (n new, c cached), and the batch used."""
+    from atom_backend.unified import paged_attention
+    from hip_kernels import prefill
+
+    B = batch_size(n, c)
+    sk = n + c
+    kc, vc, bt, seq_lens = paged([sk] * B, hk, d, gen=gen)
+    q = torch.randn(B * n, hq, d, dtype=DT, device="cuda")
+    cuq, cuk = cu([n] * B), cu([sk] * B)
+    k = torch.randn(B * sk, hk, d, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    work = prefill.work_items([n] * B, [sk] * B, head_dim=d, window=window).to("cuda")
+    out = torch.empty_like(q)
+    fv = lambda: prefill.varlen_attention(q, k, v, cuq, cuk, max_seqlen_q=n, max_seqlen_k=sk, window=window,
+                                          sinks=sinks, out=out, work=work)
+    fu = lambda: paged_attention(q, kc, vc, cuq, seq_lens, bt, max_seqlen_q=n, max_seqlen_k=sk, window=window,
+                                 sinks=sinks, out=out)
+    reps = dict(warmup_ms=10, rep_ms=40)
+    tv = bench_ms(fv, **reps) * 1e3 / B
+    tu = bench_ms(fu, **reps) * 1e3 / B
+    del kc, vc, k, v, q, out
+    return tv, tu, B
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one shape, 3 x 3 grid (smoke test)")
+    ap.add_argument("--out", help="directory for cost_<arch>.json (default: atom_backend/tables)")
+    ap.add_argument("--json", help="also write the raw table here")
+    args = ap.parse_args(argv)
+    from atom_backend.kernels import tables, tuning
+    from hip_kernels import runtime
+
+    arch = runtime.device_arch()
+    tuning.apply(arch)  # the tiles serving will use
+    t0 = time.perf_counter()
+    grid = QUICK_GRID if args.quick else FULL_GRID
+    shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    gen = torch.Generator().manual_seed(0)
+    gbps = {kv: gather_bandwidth(kv, 1 << (18 if args.quick else 20)) for kv in ("16bit", "fp8")}
+    print(f"{device_name()} ({arch}): gather " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in gbps.items()), flush=True)
+    rows = []
+    for hq, hk, d, w in shapes:
+        sinks = torch.randn(hq, dtype=torch.float32, device="cuda")
+        tv = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
+        tu = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
+        bs = [[0] * len(grid["cached"]) for _ in grid["new"]]
+        print(f"shape {hq}/{hk} d{d} window {w}: new x cached -> varlen / unified us per request", flush=True)
+        for i, n in enumerate(grid["new"]):
+            line = []
+            for j, c in enumerate(grid["cached"]):
+                tv[i][j], tu[i][j], bs[i][j] = time_point(n, c, hq, hk, d, w, sinks, gen)
+                line.append(f"{c}:{tv[i][j]:.0f}/{tu[i][j]:.0f}")
+            torch.cuda.empty_cache()
+            print(f"  new {n:6d}  " + "  ".join(line), flush=True)
+        rows.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
+                     "varlen_us": tv, "unified_us": tu, "batch": bs})
+    body = {"gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "grid": grid, "shapes": rows,
+            "seconds": round(time.perf_counter() - t0, 1)}
+    cmd = "python -m bench.calibrate" + (" --quick" if args.quick else "")
+    p = tables.write("cost", arch, body, cmd, device_name(), args.out)
+    print(f"wrote {p} in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(body, f, indent=1)
+    return body
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

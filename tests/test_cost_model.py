@@ -1,0 +1,152 @@
+"""The prefill cost model and the planner's decisions from a given calibration table (CPU)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from atom_backend.kernels import registry
+from atom_backend.kernels.cost import CostModel, visible_pairs
+from atom_backend.planner import ModelFacts, PlannerConfig, Reason, plan
+
+GRID = {"new": [16, 256, 4096], "cached": [0, 4096, 32768]}
+FACTS = ModelFacts(64, 8, 64, has_sinks=True)
+
+
+def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1000.0, window=0, extra=()):
+    """A synthetic table: kernel times = work / rate (work per us); the unified rate can grow
+    with the cached length (it reads pages in place)."""
+    shapes = []
+    for hq, hk, d, w in ((64, 8, 64, window),) + tuple(extra):
+        n, c = np.meshgrid(GRID["new"], GRID["cached"], indexing="ij")
+        work = visible_pairs(n, c, w) * hq * d
+        ur = unified_rate if unified_cached_rate is None else np.where(c > 0, unified_cached_rate, unified_rate)
+        shapes.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w,
+                       "varlen_us": (work / varlen_rate).tolist(), "unified_us": (work / ur).tolist()})
+    return {"schema": 1, "arch": "test", "gather": {"16bit": {"gbps": gbps}, "fp8": {"gbps": gbps}},
+            "grid": GRID, "shapes": shapes}
+
+
+def platform(model):
+    return registry.platform_for("sm_90a", cost=model, use_tables=False)
+
+
+def test_visible_pairs_match_brute_force():
+    for n, c, w in [(1, 0, 0), (5, 3, 0), (7, 0, 3), (10, 20, 4), (3, 1, 8), (100, 50, 128)]:
+        brute = sum(min(c + i + 1, w) if w else c + i + 1 for i in range(n))
+        assert visible_pairs(n, c, w) == brute, (n, c, w)
+
+
+def test_explain_is_the_documented_formula():
+    m = CostModel(table(varlen_rate=100.0, unified_rate=50.0, gbps=1000.0))
+    n, c = 256, 4096
+    e = m.explain(FACTS, [n], [c])
+    work = visible_pairs(n, c, 0) * 64 * 64
+    gather = (n + c) * (FACTS.kv_bytes_per_token + FACTS.gathered_bytes_per_token) / (1000.0 * 1e3)
+    assert e["gather_us"][0] == pytest.approx(gather)
+    assert e["varlen_us"][0] == pytest.approx(gather + work / 100.0, rel=1e-9)
+    assert e["unified_us"][0] == pytest.approx(work / 50.0, rel=1e-9)
+
+
+def test_grid_predictions_are_close_to_exact():
+    m = CostModel(table(unified_cached_rate=150.0))
+    rng = np.random.default_rng(0)
+    n = rng.integers(2, 20000, 200)
+    c = rng.integers(0, 40000, 200)
+    tv, tu = m.predict(FACTS, n, c)
+    e = m.explain(FACTS, n, c)
+    np.testing.assert_allclose(tv, e["varlen_us"], rtol=0.12)
+    np.testing.assert_allclose(tu, e["unified_us"], rtol=0.12)
+
+
+def test_faster_varlen_kernel_takes_fresh_prefills_and_a_huge_prefix_goes_unified():
+    # varlen kernel 2x the unified rate on fresh prefills, unified 3x faster over a cached
+    # prefix (and the gather to pay): fresh -> varlen, big prefix -> unified, by cost
+    m = CostModel(table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=300.0))
+    p = plan([1, 4096, 64, 0], [500, 0, 30000, 3], FACTS, platform(m), PlannerConfig())
+    assert p.route_of(0) == ("decode", "splitkv", "preferred")
+    assert p.route_of(1) == ("prefill", "varlen", "cost")
+    assert p.route_of(2) == ("prefill", "unified", "cost")
+    assert p.route_of(3) == ("empty", "-", "-")
+    assert p.varlen_reason == Reason.COST and p.unified_reasons == (Reason.COST,)
+    tv1, tu1 = p.predicted(1)
+    tv2, tu2 = p.predicted(2)
+    assert tv1 < tu1 and tv2 > tu2 and p.predicted(0) is None
+    assert p.gather_tokens == 4096 and p.varlen_tokens == 4096 and p.unified_tokens == 64
+
+
+def test_slow_gather_sends_prefix_hits_unified():
+    # H100-like kernel rates (work per us = FLOP/s / 4 / 1e6), the gather decides
+    fast = CostModel(table(varlen_rate=1e7, unified_rate=0.9e7, gbps=3000.0))
+    slow = CostModel(table(varlen_rate=1e7, unified_rate=0.9e7, gbps=10.0))
+    new, cached = [512], [8192]
+    assert len(plan(new, cached, FACTS, platform(fast), PlannerConfig()).varlen) == 1
+    assert len(plan(new, cached, FACTS, platform(slow), PlannerConfig()).unified) == 1
+
+
+def test_forcing_and_disabling_still_win_over_cost():
+    m = CostModel(table(varlen_rate=10.0, unified_rate=100.0))  # unified always cheaper
+    pl = platform(m)
+    assert plan([4096], [0], FACTS, pl, PlannerConfig(force_path="varlen")).route_of(0) == ("prefill", "varlen", "preferred")
+    assert plan([4096], [0], FACTS, pl, PlannerConfig(force_path="unified")).route_of(0)[2] == "forced_by_config"
+    assert plan([4096], [0], FACTS, pl, PlannerConfig(disable_varlen=True)).route_of(0)[2] == "varlen_disabled"
+    # no cost routing (ATOM_COST_ROUTING=0) and no table: the threshold rules
+    for cfg, plat in ((PlannerConfig(cost_routing=False), pl), (PlannerConfig(), platform(None))):
+        p = plan([4096, 4, 16], [0, 10, 16 * 64 + 1], FACTS, plat, cfg)
+        assert [p.route_of(i)[1:] for i in range(3)] == [("varlen", "preferred"), ("unified", "small_prefill"),
+                                                         ("unified", "gather_cost")]
+    assert PlannerConfig.from_env({"ATOM_COST_ROUTING": "0"}).cost_routing is False
+
+
+def test_unsupported_model_keeps_its_reason_with_a_table():
+    m = CostModel(table())
+    p = plan([512], [0], ModelFacts(32, 8, 80), platform(m), PlannerConfig())
+    assert p.route_of(0) == ("prefill", "unified", "unsupported_head_dim") and p.predictions is None
+
+
+def test_layer_windows_average_full_and_windowed_layers():
+    m = CostModel(table(extra=((64, 8, 64, 128),)))
+    full = m.explain(FACTS, [4096], [4096])
+    win = m.explain(replace(FACTS, window=128), [4096], [4096])
+    mixed = m.explain(replace(FACTS, layer_windows=(0, 128)), [4096], [4096])
+    for k in ("unified_us", "varlen_us"):
+        # every layer gathers the whole sequence; the kernel part is the per-layer average
+        assert mixed[k][0] == pytest.approx((full[k][0] + win[k][0]) / 2, rel=1e-6)
+    assert m.shape_for(FACTS, 128).window == 128 and m.shape_for(FACTS, 0).window == 0
+
+
+def test_table_validation():
+    bad = table()
+    bad["schema"] = 2
+    with pytest.raises(ValueError, match="schema"):
+        CostModel(bad)
+    bad = table()
+    bad["shapes"][0]["varlen_us"][0][0] = 0.0
+    with pytest.raises(ValueError, match="positive"):
+        CostModel(bad)
+    bad = table()
+    bad["grid"] = {"new": [16], "cached": [0, 1]}
+    with pytest.raises((ValueError, KeyError)):
+        CostModel(bad)
+
+
+def test_debug_log_records_both_predictions(caplog):
+    pytest.importorskip("vllm")
+    import torch
+
+    from tests.test_impl_cpu import Case, _builder
+
+    case = Case([300, 1], [5000, 40], seed=2)
+    b = _builder(case.facts())
+    b.platform = replace(b.platform, cost=CostModel(table(varlen_rate=100.0, unified_rate=50.0,
+                                                          unified_cached_rate=300.0)))
+    with caplog.at_level(logging.DEBUG, logger="atom_backend"):
+        md = b.build(0, case.common())
+    assert md.plan.route_of(0) == ("prefill", "unified", "cost")
+    msg = [r.getMessage() for r in caplog.records if "reason: cost" in r.getMessage()]
+    assert msg and "request 0 (new=300, cached=5000) -> unified" in msg[0]
+    assert "varlen" in msg[0] and "unified" in msg[0] and " us" in msg[0]
+    del torch

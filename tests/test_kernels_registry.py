@@ -1,0 +1,265 @@
+"""The kernel registry: derived from the kernel modules, validation rules with named reasons, the
+planner's capabilities from it, model configs, the CLI, tables and their fallbacks, and the
+ahead-of-time build leaving nothing to compile in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from atom_backend.kernels import registry, rules, tables, tuning
+from atom_backend.kernels.model import from_hf_config, parse_layer_windows
+from atom_backend.kernels.rules import Entry, PathCaps, Signature
+from atom_backend.planner import ModelFacts, PlannerConfig, Reason, model_splitkv_reason, model_varlen_reason, plan
+from hip_kernels import runtime
+from hip_kernels import variants as hv
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=0, layer_windows=(0, 128))
+
+
+def _have(arch: str) -> bool:
+    try:
+        runtime.toolchain_for(arch)
+        return True
+    except runtime.ToolchainMissingError:
+        return False
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+def test_every_module_variant_is_declared_for_some_arch():
+    declared = {e.variant for e in registry.entries()}
+    for name, v in hv.all_variants():
+        assert v.name in declared, f"hip_kernels.{name} variant {v.name} is missing from the registry"
+
+
+def test_fp8_flavour_per_arch():
+    kv = lambda arch, kernel: {e.kv_dtype for e in registry.entries_for(arch) if e.kernel == kernel}
+    for kernel in ("splitkv_decode", "gather_kv"):
+        assert "fp8_e4m3" in kv("sm_90a", kernel) and "fp8_e4m3fnuz" not in kv("sm_90a", kernel)
+        assert "fp8_e4m3fnuz" in kv("gfx942", kernel) and "fp8_e4m3" not in kv("gfx942", kernel)
+        assert "fp8_e4m3" in kv("gfx950", kernel)
+    assert rules.compile_target("sm_90") == "sm_90a" and rules.arch_family("sm_90a") == "sm_90"
+
+
+@pytest.mark.parametrize("facts,path,reason,detail", [
+    (ModelFacts(32, 8, 80), "varlen", "unsupported_head_dim", "head dim 80 not in {64, 128, 256}"),
+    (ModelFacts(32, 8, 80), "splitkv", "unsupported_head_dim", "head dim 80"),
+    (ModelFacts(8, 8, 64, dtype="fp32"), "varlen", "unsupported_dtype", "query dtype fp32"),
+    (ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3fnuz", kv_scale_mode="per_tensor"), "splitkv", "unsupported_kv_format",
+     "fp8_e4m3fnuz"),
+    (ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3fnuz", kv_scale_mode="per_tensor"), "varlen", "unsupported_kv_format",
+     "gather_kv"),
+    (ModelFacts(32, 8, 128, dtype="fp16", kv_dtype="bf16"), "splitkv", "unsupported_kv_format", "kv dtype bf16"),
+])
+def test_named_refusals_on_sm90(facts, path, reason, detail):
+    r = rules.check(registry.path_caps("sm_90a")[path], Signature.of(facts))
+    assert r is not None and r.reason == reason and detail in r.detail, r
+
+
+def test_rules_for_scale_mode_page_size_and_features():
+    e = Entry("k", "varlen", "bf16", "fp8_e4m3", ("per_tensor",), 64, (1, 16), frozenset({"window"}), (), ("x",), "k")
+    caps = PathCaps("x", (("k", (e,)),))
+    sig = Signature("bf16", "fp8_e4m3", "per_page", 64, 16, frozenset())
+    r = rules.check(caps, sig)
+    assert r.reason == "unsupported_kv_format" and "scale mode per_page not built" in r.detail
+    r = rules.check(caps, replace(sig, scale_mode="per_tensor", page_size=32))
+    assert r.reason == "unsupported_page_size"
+    r = rules.check(caps, replace(sig, scale_mode="per_tensor", features=frozenset({"sinks"})))
+    assert r.reason == "unsupported_feature"
+    assert rules.check(caps, replace(sig, scale_mode="per_tensor", features=frozenset({"window"}))) is None
+    assert rules.check(None, sig).reason == "kernel_unavailable"
+    assert rules.check(PathCaps("x"), sig).reason == "kernel_unavailable"
+    assert rules.check(rules.ANY, sig) is None
+
+
+def test_planner_reasons_are_the_registrys():
+    """One source of truth: the planner's refusals are rules.check over the registry's caps."""
+    p = registry.platform_for("sm_90a", use_tables=False)
+    for facts in (GPT_OSS, ModelFacts(32, 8, 80), ModelFacts(8, 8, 64, dtype="fp32"),
+                  ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3fnuz", kv_scale_mode="per_tensor")):
+        for caps, got in ((p.varlen_caps, model_varlen_reason(facts, p, PlannerConfig())),
+                          (p.splitkv_caps, model_splitkv_reason(facts, p))):
+            r = rules.check(caps, Signature.of(facts))
+            assert got == (None if r is None else Reason(r.reason))
+    src = (ROOT / "atom_backend" / "planner.py").read_text()
+    assert "frozenset({64" not in src and "head_dims" not in src, "capability sets are hand-written in the planner"
+
+
+def test_gfx942_routes_fp8_fnuz_to_the_kernels():
+    p = registry.platform_for("gfx942", use_tables=False)
+    facts = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3fnuz", kv_scale_mode="per_tensor")
+    pl = plan([1, 500], [100, 1000], facts, p, PlannerConfig())
+    assert pl.route_of(0) == ("decode", "splitkv", "preferred") and pl.route_of(1)[1] == "varlen"
+
+
+def test_selection_is_the_launchers():
+    from hip_kernels import combine, decode, gather, prefill
+
+    sel = registry.select(GPT_OSS, "sm_90a")
+    assert not sel.refusals
+    assert set(sel.variants["varlen"]) == {prefill._variant(64, 0, False, prefill.config_for(64, 0)),
+                                           prefill._variant(64, 0, False, prefill.config_for(64, 128)),
+                                           gather.variant("vllm", False)}
+    rows, _ = decode._pick_rows(8, 0)
+    assert set(sel.variants["splitkv"]) == {decode._variant(64, rows, 0, 0), combine.variant(__import__("torch").bfloat16)}
+    spec = registry.select(GPT_OSS, "sm_90a", max_query_tokens=4)
+    assert len(spec.variants["splitkv"]) >= len(sel.variants["splitkv"])
+
+
+# -- model configs and the CLI -----------------------------------------------------------------
+
+def _gpt_oss_config(tmp_path: Path) -> Path:
+    cfg = {"model_type": "gpt_oss", "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "hidden_size": 2880, "num_hidden_layers": 4, "sliding_window": 128, "torch_dtype": "bfloat16",
+           "layer_types": ["sliding_attention", "full_attention"] * 2}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_hf_config_gives_gpt_oss_facts(tmp_path):
+    spec = from_hf_config(_gpt_oss_config(tmp_path))
+    spec.kv_dtypes = ("auto", "fp8")
+    f16, f8 = spec.facts("sm_90a")
+    assert (f16.num_q_heads, f16.num_kv_heads, f16.head_dim, f16.has_sinks) == (64, 8, 64, True)
+    assert f16.layer_windows == (0, 128) and f16.window == 0 and f16.kv_dtype == "bf16"
+    assert f8.kv_dtype == "fp8_e4m3" and f8.kv_scale_mode == "per_tensor"
+    assert spec.facts("gfx942")[1].kv_dtype == "fp8_e4m3fnuz"
+    assert parse_layer_windows("0,128", 5) == (0, 128, 0, 128, 0)
+
+
+def _cli(*args, env=None, timeout=600):
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "atom_backend.kernels", *args], capture_output=True, text=True,
+                          env=e, timeout=timeout, cwd=ROOT)
+
+
+def test_cli_list_and_check():
+    r = _cli("list", "--json", "--arch", "gfx942")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and all(row["archs"] == ["gfx942"] for row in rows)
+    assert {"varlen_prefill", "gather_kv", "splitkv_decode", "combine"} <= {row["kernel"] for row in rows}
+    r = _cli("list")
+    assert r.returncode == 0 and "validation rules in order" in r.stdout
+    r = _cli("check", "--arch", "sm_90", "--heads", "32", "--kv-heads", "8", "--head-dim", "80")
+    assert r.returncode == 0 and "reason unsupported_head_dim" in r.stdout, r.stdout + r.stderr
+
+
+GPT_OSS_FLAGS = ["--heads", "64", "--kv-heads", "8", "--head-dim", "64", "--sinks", "--layer-windows", "0,128",
+                 "--kv-dtype", "auto,fp8"]
+
+FRESH = textwrap.dedent("""
+    import json, sys
+    from atom_backend import metrics
+    from atom_backend.kernels import registry, tuning
+    from atom_backend.kernels.model import ModelSpec
+    from hip_kernels import runtime
+    arch = sys.argv[1]
+    tuning.apply(arch)  # what detect_platform does in a serving process
+    spec = ModelSpec(64, 8, 64, kv_dtypes=("auto", "fp8"), has_sinks=True, layer_windows=(0, 128))
+    needed = {}
+    for facts in spec.facts(arch):
+        sel = registry.select(facts, arch)
+        assert not sel.refusals, sel.refusals
+        needed.update((v.name, v) for v in sel.all_variants())
+    for v in needed.values():
+        runtime.compile_variant(v, arch)  # ATOM_NO_COMPILE=1: a miss raises
+    names = needed
+    m = metrics._impl
+    total = lambda c: sum(s.value for f in c.collect() for s in f.samples if s.name.endswith("_total"))
+    print(json.dumps({"variants": len(names), "compiles": total(m.compiles), "hits": total(m.cache_hits)}))
+""")
+
+
+@pytest.mark.parametrize("arch", [
+    pytest.param("sm_90a", marks=pytest.mark.skipif(not _have("sm_90a"), reason="NVRTC missing")),
+    pytest.param("gfx942", marks=pytest.mark.skipif(not _have("gfx942"), reason="clang-22 missing")),
+])
+def test_after_build_a_fresh_process_compiles_nothing(arch, tmp_path):
+    env = {"ATOM_KERNEL_CACHE": str(tmp_path / "cache"), "ATOM_METRICS": "1", "ATOM_TABLES_DIR": str(tmp_path)}
+    env.pop("ATOM_NO_COMPILE", None)
+    r = _cli("build", "--arch", arch, *GPT_OSS_FLAGS, "-j", "2", env=dict(env, ATOM_NO_COMPILE="0"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "failed" in r.stdout and " 0 failed" in r.stdout and "with 2 processes" in r.stdout, r.stdout
+    e = dict(os.environ, PYTHONPATH=str(ROOT), ATOM_NO_COMPILE="1", **env)
+    r = subprocess.run([sys.executable, "-c", FRESH, arch], capture_output=True, text=True, env=e, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["compiles"] == 0 and got["hits"] == got["variants"] > 0, got
+    # and a second build is all cache hits
+    r = _cli("build", "--arch", arch, *GPT_OSS_FLAGS, "--quiet", env=env)
+    assert r.returncode == 0 and " 0 compiled" in r.stdout, r.stdout
+
+
+def test_build_dry_run_and_no_model_builds_everything_declared():
+    r = _cli("build", "--arch", "gfx950", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    declared = {e.variant for e in registry.entries_for("gfx950")}
+    assert {line.split()[-1] for line in r.stdout.splitlines() if line.strip()} == declared
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+def test_missing_tables_fall_back_to_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
+    tables.clear_cache()
+    assert tables.load("cost", "gfx1250") is None and tables.cost_model("gfx1250") is None
+    assert tuning.apply("gfx1250") == {}
+    from hip_kernels import prefill
+
+    assert prefill.config_for(64, 0) == tuning.defaults()[(64, "full")]
+    assert registry.platform_for("gfx1250").cost is None  # threshold routing
+
+
+def test_tuning_table_is_applied_and_seen_by_selection(monkeypatch, tmp_path):
+    from hip_kernels import prefill
+
+    monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
+    cfg = {"num_warps": 8, "block_n": 64, "stages": 2, "warp_m_tiles": 2, "exp_poly": 0}
+    tables.write("tuning", "gfx950", {"kernels": {"varlen_prefill": [
+        {"head_dim": 64, "window_class": "full", "config": cfg}]}}, "test", "none", tmp_path)
+    try:
+        changed = tuning.apply("gfx950")
+        assert changed == {(64, "full"): prefill.Config(8, 64, 2, 2)}
+        assert prefill.config_for(64, 0) == prefill.Config(8, 64, 2, 2)
+        sel = registry.select(GPT_OSS, "gfx950")
+        assert prefill._variant(64, 0, False, prefill.Config(8, 64, 2, 2)) in sel.variants["varlen"]
+        assert tuning.apply("gfx1250") == {} and prefill.config_for(64, 0) == tuning.defaults()[(64, "full")]
+    finally:
+        monkeypatch.delenv("ATOM_TABLES_DIR")
+        tables.clear_cache()
+        tuning.apply("gfx1250")
+
+
+def test_schema_mismatch_and_bad_tables_are_ignored(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
+    (tmp_path / "cost_gfx950.json").write_text(json.dumps({"schema": 99}))
+    (tmp_path / "cost_gfx1250.json").write_text("{not json")
+    tables.clear_cache()
+    try:
+        assert tables.cost_model("gfx950") is None and tables.cost_model("gfx1250") is None
+        assert "schema" in caplog.text and "unreadable" in caplog.text
+    finally:
+        tables.clear_cache()
+
+
+def test_committed_h100_tables_load():
+    tables.clear_cache()
+    for kind in tables.KINDS:
+        data = tables.load(kind, "sm_90a")
+        assert data is not None, f"{kind}_sm_90.json missing"
+        pb = data["produced_by"]
+        assert pb["device"].startswith("NVIDIA H100") and pb["command"].startswith("python -m bench.")
+    m = tables.cost_model("sm_90")
+    assert m is not None and {(s.hq, s.d, s.window) for s in m.shapes} >= {(64, 64, 0), (64, 64, 128)}
