@@ -124,6 +124,9 @@ class Platform:
     varlen_caps: _rules.PathCaps | None = None
     splitkv_caps: _rules.PathCaps | None = None
     cost: object | None = None
+    # Split-KV CTAs resident per SM (H100, tensor-core decode kernel at head_dim 128: register
+    # and shared-memory bound, hip_kernels.decode.MMA_CTAS_PER_SM); sizes the decode waves.
+    decode_ctas_per_sm: int = 2
 
 
 def reduce_layer_windows(windows) -> tuple:
@@ -159,9 +162,9 @@ class PlannerConfig:
     decode_max_query_tokens: int = 1  # ATOM_DECODE_MAX_QUERY_TOKENS (<= 8: speculative decode)
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
-    max_splits: int = 64  # ATOM_MAX_SPLITS: cap (also the CUDA-graph workspace size)
+    max_splits: int = 32  # ATOM_MAX_SPLITS: cap (also the CUDA-graph workspace size)
     min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
-    target_waves: int = 2  # ATOM_TARGET_WAVES: decode CTAs per SM we aim for
+    wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
 
     def __post_init__(self) -> None:
@@ -169,8 +172,10 @@ class PlannerConfig:
             raise PlanError(f"ATOM_FORCE_PATH={self.force_path!r}: use varlen, unified or leave unset")
         if not 1 <= self.decode_max_query_tokens <= 8:
             raise PlanError("ATOM_DECODE_MAX_QUERY_TOKENS must be in 1..8")
-        if self.max_splits < 1 or self.min_split_tokens < 1 or self.target_waves < 1:
-            raise PlanError("ATOM_MAX_SPLITS, ATOM_MIN_SPLIT_TOKENS and ATOM_TARGET_WAVES must be >= 1")
+        if self.max_splits < 1 or self.min_split_tokens < 1:
+            raise PlanError("ATOM_MAX_SPLITS and ATOM_MIN_SPLIT_TOKENS must be >= 1")
+        if not 1 <= self.wave_fill <= 100:
+            raise PlanError("ATOM_DECODE_WAVE_FILL must be in 1..100 (percent)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlannerConfig":
@@ -181,9 +186,9 @@ class PlannerConfig:
             decode_max_query_tokens=_env_int(env, "ATOM_DECODE_MAX_QUERY_TOKENS", 1),
             varlen_min_new_tokens=_env_int(env, "ATOM_VARLEN_MIN_NEW_TOKENS", 8),
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
-            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
+            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 32),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
-            target_waves=_env_int(env, "ATOM_TARGET_WAVES", 2),
+            wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
             cost_routing=env.get("ATOM_COST_ROUTING", "1").strip().lower() not in ("0", "false", "no", "off"),
         )
 
@@ -273,20 +278,37 @@ def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None
     return _path_reason(platform.splitkv_caps, facts)
 
 
+def whole_wave_splits(ctas_per_split: int, slots: int, cap: int, fill: int = 95) -> int:
+    """Fewest splits s <= cap whose ctas_per_split * s CTAs fill their last wave of `slots` to
+    at least fill %: a partly filled wave costs about a full one (H100, docs/perf/decode.md:
+    64 x 4k at 1.3 waves ran 29% slower than at 2.9). None qualifies: cap. Closed form per wave
+    count k: the smallest s reaching k waves at fill % is ceil(fill * k * slots / (100 * ctas))."""
+    if ctas_per_split <= 0 or cap <= 1:
+        return 1
+    k = -(-ctas_per_split // slots)  # waves of a single split
+    while True:
+        s = max(1, -(-fill * k * slots // (100 * ctas_per_split)))
+        if s > cap:
+            return cap
+        if ctas_per_split * s <= k * slots:
+            return s
+        k += 1
+
+
 def decode_splits(
     num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
 ) -> int:
-    """Splits per decode request: enough CTAs for `target_waves` per SM, none shorter than
-    `min_split_tokens` visible keys, at most `max_splits`. One count for the whole batch keeps the
-    grid and the workspace shape fixed (CUDA graphs)."""
+    """Splits per decode request: the fewest that fill the last wave of split-KV CTAs (whole
+    waves of num_sms x decode_ctas_per_sm), none shorter than `min_split_tokens` visible keys,
+    at most `max_splits` (past 32 the combine costs more than a fuller wave gains). One count for
+    the whole batch keeps the grid and the workspace shape fixed (CUDA graphs)."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # keys outside the window are skipped, not split
         max_context = min(max_context, facts.window + facts.sink_tokens)
-    ctas = num_decodes * facts.num_kv_heads
-    want = -(-(platform.num_sms * config.target_waves) // ctas)
-    by_length = max(1, max_context // config.min_split_tokens)
-    return max(1, min(want, by_length, config.max_splits))
+    cap = max(1, min(config.max_splits, max_context // config.min_split_tokens))
+    return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * platform.decode_ctas_per_sm,
+                             cap, config.wave_fill)
 
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"

@@ -19,7 +19,7 @@ import random
 import torch
 
 from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits, whole_wave_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16
@@ -176,10 +176,9 @@ def main(argv=None) -> None:
     arch = "sm_%d%d" % (props.major, props.minor) + ("a" if props.major == 9 else "")
     default_impl = decode.choose_impl(arch, D, 0)
 
-    def sug(b, ctx, impl):
-        if impl == "mma":
-            return decode.suggest_num_splits(b, HK, ctx, sms, ctas_per_sm=decode.MMA_CTAS_PER_SM)
-        return decode.suggest_num_splits(b, HK, ctx, sms)
+    def sug(b, ctx, impl):  # the planner's whole-wave rule, in the chosen kernel's CTAs per SM
+        per_sm = decode.MMA_CTAS_PER_SM if impl == "mma" else decode._CTAS_PER_SM[4]
+        return whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256)))
 
     for shape in shapes:
         b, ctx = shape

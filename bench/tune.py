@@ -5,7 +5,8 @@ than one, over a shape grid, and write ``atom_backend/tables/tuning_<arch>.json`
 
 Kernels with candidates: ``varlen_prefill`` per (head dim, window class): "full" (causal, no or
 a long window: ``prefill.CONFIGS``) and "small" (sliding window <= ``prefill.SMALL_WINDOW``:
-``WINDOW_CONFIGS``). Every candidate is compiled first (one that does not compile is listed
+``WINDOW_CONFIGS``), and on Hopper "wgmma" (``WGMMA_CONFIGS``, which replaces "full" there).
+Every candidate is compiled first (one that does not compile is listed
 with its error and skipped), checked against the declared default's output on the first shape
 (max abs difference <= 2e-2 on bf16: a wrong-but-fast tile never wins), then timed on every
 shape of its class; the winner has the least total time, and replaces the declared default
@@ -32,6 +33,8 @@ MIN_GAIN = 1.03
 
 def candidates(prefill, d: int, cls: str) -> list:
     C = prefill.Config
+    if cls == "wgmma":  # two warpgroups (BLOCK_M 128, what host work lists assume)
+        return list(dict.fromkeys([prefill.WGMMA_CONFIGS[d]] + [C(8, n, s, wgmma=True) for n in (64, 128) for s in (2, 3)]))
     declared = [prefill.CONFIGS.get(d), getattr(prefill, "WINDOW_CONFIGS", {}).get(d)]
     extra = {64: [C(4, 64, 2, 2), C(4, 64, 3, 1), C(8, 64, 2, 2), C(4, 64, 3, 2), C(4, 64, 2, 1), C(4, 32, 3, 2)],
              128: [C(8, 64, 3), C(4, 64, 3), C(8, 64, 2), C(8, 32, 3, 2), C(4, 32, 3, 2)],
@@ -46,7 +49,7 @@ def candidates(prefill, d: int, cls: str) -> list:
 def shapes(cls: str, d: int, quick: bool):
     """(label, [(sq, sk)...], hq, hk, window) of one class."""
     hq, hk = (64, 8) if d == 64 else (32, 8)
-    if cls == "full":
+    if cls in ("full", "wgmma"):
         s = [("4x4k causal", [(4096, 4096)] * 4, hq, hk, 0), ("8x1k new / 4k cached", [(1024, 4096)] * 8, hq, hk, 0)]
     else:
         s = [("4x4k window 128", [(4096, 4096)] * 4, hq, hk, 128), ("16x512 new / 2k cached w128", [(512, 2048)] * 16, hq, hk, 128)]
@@ -81,8 +84,9 @@ def main(argv=None) -> dict:
     base = tuning.defaults()
     # restore the declared defaults: the table is measured against them, not against itself
     for (d, cls), cfg in base.items():
-        (prefill.CONFIGS if cls == "full" else prefill.WINDOW_CONFIGS)[d] = cfg
-    plan = [(d, cls) for d in head_dims for cls in ("full", "small") if (d, cls) in base]
+        tuning.module_table(cls)[d] = cfg
+    classes = ("full", "small") + (("wgmma",) if arch in prefill.WGMMA_ARCHS else ())
+    plan = [(d, cls) for d in head_dims for cls in classes if (d, cls) in base]
     # compile every candidate first, in parallel (both dtypes are not needed: bf16 only)
     jobs = {}
     for d, cls in plan:
@@ -103,7 +107,7 @@ def main(argv=None) -> dict:
                 entry["error"] = failed[name].splitlines()[0][:200]
                 tables_ms.append(entry)
                 continue
-            (prefill.CONFIGS if cls == "full" else prefill.WINDOW_CONFIGS)[d] = cfg
+            tuning.module_table(cls)[d] = cfg
             total = 0.0
             try:
                 for i, (label, seqs, hq, hk, w) in enumerate(sh):
@@ -135,7 +139,7 @@ def main(argv=None) -> dict:
             tables_ms.append(entry)
             print(f"  d{d} {cls:5s} {entry['config']}: " + (f"{total:.3f} ms" if "error" not in entry else entry["error"]),
                   flush=True)
-        (prefill.CONFIGS if cls == "full" else prefill.WINDOW_CONFIGS)[d] = base[(d, cls)]
+        tuning.module_table(cls)[d] = base[(d, cls)]
         ok = [e for e in tables_ms if "total_ms" in e]
         if not ok:
             continue

@@ -379,33 +379,10 @@ def splitkv_decode(
 
 
 # CTAs of one variant that fit on an SM at once (H100: registers and shared memory of the
-# default variants, from the compile report), by rows per CTA.
+# default variants, from the compile report), by rows per CTA; the planner's split rule
+# (atom_backend.planner.whole_wave_splits) counts waves in these units.
 _CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
 # The tensor-core kernel (head_dim 128: ~200 registers x 128 threads, 72-100 KB shared memory).
 MMA_CTAS_PER_SM = 2
 
 
-def suggest_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int, *,
-                       rows: int = 4, max_splits: int = 32, min_split_tokens: int = 256,
-                       ctas_per_sm: int | None = None) -> int:
-    """Fewest splits whose CTAs fill their last wave to >= 95% (else the best filled one).
-
-    slots = num_sms x CTAs per SM; ctas = batch x kv heads x splits; a wave filled to f costs
-    about as much as a full one. Measured on H100 (docs/perf/decode.md): 64 x 4k wants 3
-    (the planner's 1 is 29% slower) and 8 x 32k wants 6 (its 5 is 6% slower). Past 32 splits
-    the combine costs more than a fuller wave gains (1 x 128k: 32 -> 214 us, 48 -> 223 us,
-    64 -> 300 us), hence the cap."""
-    if batch <= 0 or num_kv_heads <= 0:
-        return 1
-    slots = num_sms * (ctas_per_sm or _CTAS_PER_SM.get(rows, 3))
-    base = batch * num_kv_heads
-    cap = max(1, min(max_splits, max_context // min_split_tokens))
-    best, best_eff = 1, -1.0
-    for s in range(1, cap + 1):
-        waves = base * s / slots
-        eff = waves / math.ceil(waves)
-        if eff >= 0.95:
-            return s
-        if eff > best_eff + 1e-9:
-            best, best_eff = s, eff
-    return best

@@ -477,16 +477,6 @@ def test_workspace_too_small_is_rejected():
                                 a["block_table"], **kw, workspace=torch.empty(10))
 
 
-@pytest.mark.parametrize("batch, ctx, want", [(64, 4096, 3), (8, 32768, 6), (1, 131072, 32), (1, 100, 1)])
-def test_suggest_num_splits_fills_waves(batch, ctx, want):
-    """The H100 measurements of docs/perf/decode.md: whole waves of 3 CTAs per SM."""
-    s = decode.suggest_num_splits(batch, 8, ctx, 132)
-    assert s == want
-    slots = 132 * 3
-    waves = batch * 8 * s / slots
-    assert s in (1, 32) or waves / math.ceil(waves) >= 0.95
-
-
 def test_mma_smem_mirror_and_impl_choice():
     """decode.py's shared-memory formula is the kernel's (SMEM_BYTES), and the choice of kernel."""
     v = decode._mma_variant(128, 0, 0)

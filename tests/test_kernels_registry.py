@@ -106,8 +106,8 @@ def test_selection_is_the_launchers():
 
     sel = registry.select(GPT_OSS, "sm_90a")
     assert not sel.refusals
-    assert set(sel.variants["varlen"]) == {prefill._variant(64, 0, False, prefill.config_for(64, 0)),
-                                           prefill._variant(64, 0, False, prefill.config_for(64, 128)),
+    assert set(sel.variants["varlen"]) == {prefill._variant(64, 0, False, prefill.config_for(64, 0, arch="sm_90a")),
+                                           prefill._variant(64, 0, False, prefill.config_for(64, 128, arch="sm_90a")),
                                            gather.variant("vllm", False)}
     rows, _ = decode._pick_rows(8, 0)
     assert set(sel.variants["splitkv"]) == {decode._variant(64, rows, 0, 0), combine.variant(__import__("torch").bfloat16)}

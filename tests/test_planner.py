@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_backend.planner import ModelFacts, Path, Plan, PlanError, PlannerConfig, Reason, plan
+from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, Platform, PlannerConfig, Reason, decode_splits, plan,
+                                   whole_wave_splits)
 from atom_backend.kernels import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
@@ -81,12 +83,12 @@ def test_unified_requests_are_never_gathered():
 @pytest.mark.parametrize(
     "num_decodes,context,expected",
     [
-        (1, 131072, 33),  # 264 target CTAs / 8 kv heads
+        (1, 131072, 32),  # 8 CTAs a split: 32 fill 97% of 264 slots (2 per SM)
         (1, 1000, 3),  # at least 256 keys per split
-        (8, 32768, 5),
+        (8, 32768, 4),  # 256 CTAs: 97% of one wave
         (64, 4096, 1),
         (0, 0, 1),
-        (1, 10**7, 33),
+        (1, 10**7, 32),  # the cap
     ],
 )
 def test_decode_split_counts(num_decodes, context, expected):
@@ -109,9 +111,9 @@ def test_split_count_respects_cap():
 def test_env_overrides_and_bad_values():
     c = PlannerConfig.from_env({"ATOM_FORCE_PATH": "Unified", "ATOM_DISABLE_VARLEN": "1", "ATOM_MAX_SPLITS": "8",
                                 "ATOM_DECODE_MAX_QUERY_TOKENS": "4", "ATOM_VARLEN_MIN_NEW_TOKENS": "32",
-                                "ATOM_MAX_GATHER_RATIO": "16", "ATOM_MIN_SPLIT_TOKENS": "512", "ATOM_TARGET_WAVES": "3"})
+                                "ATOM_MAX_GATHER_RATIO": "16", "ATOM_MIN_SPLIT_TOKENS": "512", "ATOM_DECODE_WAVE_FILL": "90"})
     assert (c.force_path, c.disable_varlen, c.max_splits, c.decode_max_query_tokens) == ("unified", True, 8, 4)
-    assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.target_waves) == (32, 16, 512, 3)
+    assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.wave_fill) == (32, 16, 512, 90)
     assert PlannerConfig.from_env({}) == PlannerConfig()
     with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
         PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
@@ -174,3 +176,34 @@ def test_every_request_routed_once_and_deterministically(reqs, force, facts):
     if force == "unified":
         assert len(p.varlen) == 0
     assert p.decode_path in (Path.SPLITKV, Path.UNIFIED)
+
+
+@pytest.mark.parametrize("batch, ctx, per_sm, want", [
+    (64, 4096, 2, 1),      # 512 CTAs on 264 slots: 1.94 waves, already >= 95% full
+    (8, 32768, 2, 4),      # docs/perf/decode.md: 4 splits (381 us) beat the old rule's 5 (450 us)
+    (1, 131072, 2, 32),    # capped: past 32 the combine costs more than the fuller wave gains
+    (64, 4096, 3, 3),      # CUDA-core kernel, 3 CTAs per SM: 3 splits (398 us) vs 1 (515 us)
+    (1, 100, 2, 1),        # too short to split
+])
+def test_decode_splits_fill_whole_waves(batch, ctx, per_sm, want):
+    facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
+    platform = Platform(num_sms=132, decode_ctas_per_sm=per_sm)
+    s = decode_splits(batch, ctx, facts, platform, PlannerConfig())
+    assert s == want
+    waves = batch * 8 * s / (132 * per_sm)
+    assert s == min(32, max(1, ctx // 256)) or waves / math.ceil(waves) >= 0.95
+
+
+def test_whole_wave_splits_matches_the_definition():
+    """The closed form against a plain search over s = 1..cap."""
+    def search(ctas, slots, cap, fill):
+        for s in range(1, cap + 1):
+            w = ctas * s / slots
+            if 100 * w >= fill * math.ceil(w):
+                return s
+        return cap
+    for ctas in range(1, 600, 5):
+        for slots in (132, 264, 304):
+            for cap in (1, 7, 32):
+                for fill in (50, 95, 100):
+                    assert whole_wave_splits(ctas, slots, cap, fill) == search(ctas, slots, cap, fill)

@@ -1,14 +1,15 @@
 """Tile configurations from the per-arch tuning table (``bench.tune`` writes it).
 
-Kernels with more than one tile configuration: ``varlen_prefill`` (one tile per head dim for
-full attention, ``prefill.CONFIGS``, and one for small sliding windows,
-``prefill.WINDOW_CONFIGS``). ``apply(arch)`` puts the table's winners into those module tables
+Kernels with more than one tile configuration: ``varlen_prefill``, one tile per head dim and
+window class: "full" (``prefill.CONFIGS``), "small" sliding windows (``prefill.WINDOW_CONFIGS``)
+and "wgmma", the Hopper tile that replaces "full" on sm_90a (``prefill.WGMMA_CONFIGS``).
+``apply(arch)`` puts the table's winners into those module tables
 (which ``prefill.config_for`` reads at every launch), after restoring the module's declared
 defaults, so the registry, ``build`` and the launcher see one choice. No table for the arch:
 the declared defaults stay (they are the H100 sweep of docs/perf/prefill.md).
 
 Table body: ``{"kernels": {"varlen_prefill": [{"head_dim": 64, "window_class": "full" |
-"small", "config": {num_warps, block_n, stages, warp_m_tiles, exp_poly}, "candidates":
+"small" | "wgmma", "config": {num_warps, block_n, stages, warp_m_tiles, exp_poly, wgmma}, "candidates":
 [{"config": ..., "ms": ...}, ...]}, ...]}}``.
 """
 
@@ -25,6 +26,8 @@ _defaults: dict | None = None
 _applied: str | None = None
 
 CONFIG_FIELDS = ("num_warps", "block_n", "stages", "warp_m_tiles", "exp_poly")
+# window class -> the prefill module table that holds its tiles
+CLASS_TABLES = {"full": "CONFIGS", "small": "WINDOW_CONFIGS", "wgmma": "WGMMA_CONFIGS"}
 
 
 def _prefill():
@@ -38,18 +41,22 @@ def defaults() -> dict:
     global _defaults
     if _defaults is None:
         p = _prefill()
-        _defaults = {(d, "full"): c for d, c in p.CONFIGS.items()}
-        _defaults.update({(d, "small"): c for d, c in getattr(p, "WINDOW_CONFIGS", {}).items()})
+        _defaults = {(d, cls): c for cls in CLASS_TABLES for d, c in module_table(cls).items()}
     return _defaults
+
+
+def module_table(cls: str) -> dict:
+    """The prefill module's {head_dim: Config} of one window class ({} if it has none)."""
+    return getattr(_prefill(), CLASS_TABLES[cls], {})
 
 
 def config_from_dict(cfg: dict):
     p = _prefill()
-    return p.Config(**{k: int(cfg[k]) for k in CONFIG_FIELDS if k in cfg})
+    return p.Config(**{k: int(cfg[k]) for k in CONFIG_FIELDS if k in cfg}, wgmma=bool(cfg.get("wgmma", False)))
 
 
 def config_to_dict(cfg) -> dict:
-    return {k: getattr(cfg, k) for k in CONFIG_FIELDS}
+    return {**{k: getattr(cfg, k) for k in CONFIG_FIELDS}, "wgmma": bool(cfg.wgmma)}
 
 
 def apply(arch: str) -> dict:
@@ -77,7 +84,7 @@ def apply(arch: str) -> dict:
     if _applied == family and not changed and table is None:
         return changed
     for (d, cls), cfg in chosen.items():
-        (p.CONFIGS if cls == "full" else p.WINDOW_CONFIGS)[d] = cfg
+        module_table(cls)[d] = cfg
     _applied = family
     from atom_backend.kernels import registry
 
