@@ -144,7 +144,8 @@ def main(argv=None) -> dict:
             print(f"  new {n:6d}  " + "  ".join(line), flush=True)
         rows.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
                      "varlen_us": tv, "unified_us": tu, "batch": bs})
-    body = {"gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "grid": grid, "shapes": rows,
+    body = {"kernels": tables.kernel_fingerprint(),
+            "gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "grid": grid, "shapes": rows,
             "seconds": round(time.perf_counter() - t0, 1)}
     cmd = "python -m bench.calibrate" + (" --quick" if args.quick else "")
     p = tables.write("cost", arch, body, cmd, device_name(), args.out)

@@ -261,5 +261,23 @@ def test_committed_h100_tables_load():
         assert data is not None, f"{kind}_sm_90.json missing"
         pb = data["produced_by"]
         assert pb["device"].startswith("NVIDIA H100") and pb["command"].startswith("python -m bench.")
-    m = tables.cost_model("sm_90")
-    assert m is not None and {(s.hq, s.d, s.window) for s in m.shapes} >= {(64, 64, 0), (64, 64, 128)}
+    from atom_backend.kernels.cost import CostModel
+
+    data = tables.load("cost", "sm_90")
+    m = CostModel(data, data["_path"])  # the committed numbers make a model
+    assert {(s.hq, s.d, s.window) for s in m.shapes} >= {(64, 64, 0), (64, 64, 128)}
+    # ... which routes only while the kernels it measured are the ones installed
+    assert (tables.cost_model("sm_90") is not None) == (data.get("kernels") == tables.kernel_fingerprint())
+
+
+def test_cost_table_of_other_kernels_is_not_used(monkeypatch, tmp_path, caplog):
+    from tests.test_cost_model import table
+
+    monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
+    try:
+        tables.write("cost", "gfx950", {**table(), "kernels": tables.kernel_fingerprint()}, "test", "none", tmp_path)
+        tables.write("cost", "gfx1250", {**table(), "kernels": "0123456789abcdef"}, "test", "none", tmp_path)
+        assert tables.cost_model("gfx950") is not None
+        assert tables.cost_model("gfx1250") is None and "measured on other kernels" in caplog.text
+    finally:
+        tables.clear_cache()

@@ -9,12 +9,18 @@ Every table carries ``schema`` (this version reads ``SCHEMA``), ``arch`` and ``p
 parse means the documented defaults: the kernel modules' own tile configurations
 (``hip_kernels.prefill.CONFIGS`` / ``WINDOW_CONFIGS``) and the planner's threshold rules. A
 table that exists but cannot be used is logged once, never fatal.
+
+A cost table also carries ``kernels``: the fingerprint (``kernel_fingerprint``) of the sources
+whose speed it measured (varlen prefill, gather, the Triton unified path, the device headers,
+the tile tables). When those sources change, the table describes other kernels: it is not used
+(threshold routing, logged) until ``bench.calibrate`` runs again on the device.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +35,20 @@ log = logging.getLogger("atom_backend")
 SCHEMA = 1
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "tables"
 KINDS = ("tuning", "cost")
+_ROOT = Path(__file__).resolve().parents[2]
+# What the cost table's timings depend on (paths from the repository / site-packages root).
+COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/gather.hip", "hip_kernels/prefill.py",
+                  "hip_kernels/gather.py", "hip_kernels/include/atom_mma.h", "hip_kernels/include/atom_device.h",
+                  "atom_backend/unified/_kernels.py", "atom_backend/unified/api.py")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_fingerprint() -> str:
+    """sha256 (16 hex digits) of the sources a cost table's timings depend on."""
+    h = hashlib.sha256()
+    for rel in COSTED_SOURCES:
+        h.update(rel.encode() + b"\0" + (_ROOT / rel).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def search_dirs() -> list[Path]:
@@ -80,6 +100,11 @@ def cost_model(arch: str):
 def _cost_cached(family: str, _dirs: tuple):
     data = load("cost", family)
     if data is None:
+        return None
+    if data.get("kernels") != kernel_fingerprint():
+        log.warning("atom: cost table %s was measured on other kernels (fingerprint %s, these are %s): threshold "
+                    "routing until `python -m bench.calibrate` runs again", data["_path"], data.get("kernels"),
+                    kernel_fingerprint())
         return None
     from atom_backend.kernels.cost import CostModel
 
