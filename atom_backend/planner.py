@@ -162,7 +162,7 @@ class PlannerConfig:
     decode_max_query_tokens: int = 1  # ATOM_DECODE_MAX_QUERY_TOKENS (<= 8: speculative decode)
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
-    max_splits: int = 32  # ATOM_MAX_SPLITS: cap (also the CUDA-graph workspace size)
+    max_splits: int = 32  # ATOM_MAX_SPLITS: cap (past 32 the combine costs more than it gains)
     min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
     wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
@@ -180,6 +180,9 @@ class PlannerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlannerConfig":
         env = os.environ if env is None else env
+        if "ATOM_TARGET_WAVES" in env:  # a setting that would now do nothing must not pass silently
+            raise PlanError("ATOM_TARGET_WAVES is gone: decode splits fill whole waves of CTAs "
+                            "(ATOM_DECODE_WAVE_FILL, percent, default 95)")
         return cls(
             force_path=env.get("ATOM_FORCE_PATH", "").strip().lower(),
             disable_varlen=env.get("ATOM_DISABLE_VARLEN", "0").strip().lower() in ("1", "true", "yes", "on"),

@@ -109,12 +109,32 @@ def _mma_arch(arch: str) -> bool:
     return arch.startswith(("gfx940", "gfx941", "gfx942", "gfx950"))
 
 
+def _max_dynamic_smem(arch: str) -> int:
+    """Shared memory one CTA may use on `arch` (opt-in maximum)."""
+    if arch.startswith("gfx"):
+        return 160 * 1024 if arch.startswith("gfx950") else 64 * 1024
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    sm = int(digits) if digits else 0
+    return {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024}.get(sm, 99 * 1024)
+
+
 def choose_impl(arch: str, head_dim: int, kv_code: int) -> str:
     """"mma" (tensor cores) or "fma" (CUDA-core kernel), from the H100 measurements in
-    docs/perf/decode.md."""
-    if head_dim in MMA_HEAD_DIMS and _mma_arch(arch):
+    docs/perf/decode.md; "fma" where the mma variant's shared memory does not fit (gfx942 has
+    64 KiB per workgroup: d=128 with 16-bit KV needs 68 KiB)."""
+    if head_dim in MMA_HEAD_DIMS and _mma_arch(arch) and \
+            _mma_smem_bytes(_mma_variant(head_dim, 0, kv_code)) <= _max_dynamic_smem(arch):
         return "mma"
     return "fma"
+
+
+def launch_variant(impl: str, head_dim: int, q_code: int, kv_code: int, rows_needed: int):
+    """The variant splitkv_partials launches for `impl` and rows (query tokens x GQA group) per
+    kv head: the registry's build selection asks this same function."""
+    if impl == "mma":
+        return _mma_variant(head_dim, q_code, kv_code)
+    rows, _ = _pick_rows(rows_needed, kv_code)
+    return _variant(head_dim, rows, q_code, kv_code)
 
 
 def _pick_rows(rows_needed: int, kv_code: int) -> tuple[int, int]:
@@ -315,14 +335,16 @@ def splitkv_partials(
         else:
             mkf = mvf = 1.0
         row_blocks = -(-(max_query_len * group) // MMA_ROWS)
-        var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
+        var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
+        if _tune:  # benchmarking knob: extra defines
+            var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
         args = head + [mkf, mvf, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
                        magic, shift] + tail
         _launch(var, (hk * row_blocks, batch, num_splits), (MMA_WARPS * _warp_size(q.device), 1, 1), args,
                 shared_mem=_mma_smem_bytes(var))
         return o_part, lse_part
-    rows, row_blocks = _pick_rows(max_query_len * group, kv_code)
-    defines_variant = _variant(d, rows, _Q_DTYPES[q.dtype], kv_code)
+    _, row_blocks = _pick_rows(max_query_len * group, kv_code)
+    defines_variant = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
     if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
         defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
     args = head + [kf, vf, fmt, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,

@@ -488,3 +488,12 @@ def test_mma_smem_mirror_and_impl_choice():
     assert decode.choose_impl("sm_75", 128, 0) == "fma"
     assert decode.choose_impl("sm_90a", 256, 0) == "fma"
     assert decode.choose_impl("gfx942", 64, 3) == "mma"
+
+
+def test_mma_decode_only_where_its_shared_memory_fits():
+    """gfx942 gives a workgroup 64 KiB: d=128 with 16-bit KV (68 KiB) stays on the CUDA-core kernel."""
+    assert decode._mma_smem_bytes(decode._mma_variant(128, 0, 0)) > 64 * 1024
+    assert decode.choose_impl("gfx942", 128, 0) == "fma"
+    assert decode.choose_impl("gfx942", 128, 3) == "mma"  # FP8 halves the ring
+    assert decode.choose_impl("gfx950", 128, 0) == "mma" and decode.choose_impl("sm_90a", 128, 0) == "mma"
+    assert decode.choose_impl("sm_90a", 256, 0) == "fma"

@@ -109,8 +109,12 @@ def test_selection_is_the_launchers():
     assert set(sel.variants["varlen"]) == {prefill._variant(64, 0, False, prefill.config_for(64, 0, arch="sm_90a")),
                                            prefill._variant(64, 0, False, prefill.config_for(64, 128, arch="sm_90a")),
                                            gather.variant("vllm", False)}
-    rows, _ = decode._pick_rows(8, 0)
-    assert set(sel.variants["splitkv"]) == {decode._variant(64, rows, 0, 0), combine.variant(__import__("torch").bfloat16)}
+    # H100 decodes on the tensor-core kernel (decode.choose_impl): that is the variant to build
+    assert decode.choose_impl("sm_90a", 64, 0) == "mma"
+    assert set(sel.variants["splitkv"]) == {decode._mma_variant(64, 0, 0), combine.variant(__import__("torch").bfloat16)}
+    fma = registry.select(ModelFacts(32, 8, 256), "sm_90a")  # d=256: the CUDA-core kernel
+    rows, _ = decode._pick_rows(4, 0)
+    assert decode._variant(256, rows, 0, 0) in fma.variants["splitkv"]
     spec = registry.select(GPT_OSS, "sm_90a", max_query_tokens=4)
     assert len(spec.variants["splitkv"]) >= len(sel.variants["splitkv"])
 

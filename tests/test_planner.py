@@ -207,3 +207,8 @@ def test_whole_wave_splits_matches_the_definition():
             for cap in (1, 7, 32):
                 for fill in (50, 95, 100):
                     assert whole_wave_splits(ctas, slots, cap, fill) == search(ctas, slots, cap, fill)
+
+
+def test_removed_target_waves_setting_is_an_error():
+    with pytest.raises(PlanError, match="ATOM_DECODE_WAVE_FILL"):
+        PlannerConfig.from_env({"ATOM_TARGET_WAVES": "2"})

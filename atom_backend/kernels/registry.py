@@ -270,10 +270,10 @@ def _splitkv_variants(mods, facts, arch, max_query_tokens: int):
     qcode = {"bf16": 0, "fp16": 1}[facts.dtype]
     kv_code = {"fp8_e4m3": 2, "fp8_e4m3fnuz": 3}.get(facts.kv_dtype, qcode)
     group = facts.num_q_heads // facts.num_kv_heads
+    impl = decode.choose_impl(arch, facts.head_dim, kv_code)  # as splitkv_partials chooses
     out = []
     for q in range(1, max(1, max_query_tokens) + 1):
-        rows, _ = decode._pick_rows(q * group, kv_code)
-        v = decode._variant(facts.head_dim, rows, qcode, kv_code)
+        v = decode.launch_variant(impl, facts.head_dim, qcode, kv_code, q * group)
         if v not in out:
             out.append(v)
     out.append(combine.variant(_torch_dtype(facts.dtype)))

@@ -44,10 +44,15 @@ COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/gather.
 
 @functools.lru_cache(maxsize=None)
 def kernel_fingerprint() -> str:
-    """sha256 (16 hex digits) of the sources a cost table's timings depend on."""
+    """sha256 (16 hex digits) of the sources a cost table's timings depend on ("" when one is
+    missing: then no table matches and the planner routes by thresholds)."""
     h = hashlib.sha256()
     for rel in COSTED_SOURCES:
-        h.update(rel.encode() + b"\0" + (_ROOT / rel).read_bytes() + b"\0")
+        try:
+            h.update(rel.encode() + b"\0" + (_ROOT / rel).read_bytes() + b"\0")
+        except OSError as e:
+            log.warning("atom: cannot fingerprint %s (%s): cost tables are not used", rel, e)
+            return ""
     return h.hexdigest()[:16]
 
 
@@ -101,7 +106,7 @@ def _cost_cached(family: str, _dirs: tuple):
     data = load("cost", family)
     if data is None:
         return None
-    if data.get("kernels") != kernel_fingerprint():
+    if not kernel_fingerprint() or data.get("kernels") != kernel_fingerprint():
         log.warning("atom: cost table %s was measured on other kernels (fingerprint %s, these are %s): threshold "
                     "routing until `python -m bench.calibrate` runs again", data["_path"], data.get("kernels"),
                     kernel_fingerprint())
