@@ -314,6 +314,25 @@ def decode_splits(
                              cap, config.wave_fill)
 
 
+def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float]) -> np.ndarray:
+    """Which prefills take varlen (bool per request): the cheapest of all varlen, all unified,
+    and each request on its cheaper path, counting each used path's launch cost once (the
+    per-request predictions are marginal costs in a full GPU; a second path for one small
+    request costs its launch, not the request's share of a full kernel)."""
+    lv, lu = launch_us
+    cheaper = tv < tu
+    n_v = int(np.count_nonzero(cheaper))
+    if n_v == 0 or n_v == len(tv) or lv + lu == 0:
+        return cheaper
+    sv, su = float(_sum(tv)), float(_sum(tu))
+    split = float(_sum(np.minimum(tv, tu))) + lv + lu
+    if sv + lv <= min(su + lu, split):
+        return np.ones_like(cheaper)
+    if su + lu <= split:
+        return np.zeros_like(cheaper)
+    return cheaper
+
+
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
 _sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -332,7 +351,9 @@ def plan(
 
     Prefill routing, when the varlen path can serve the model and no path is forced: with a
     cost model for the arch (``platform.cost``, from ``atom_backend/tables/cost_<arch>.json``)
-    each request takes the path of lower predicted time (reason ``cost``); without one, the
+    the batch takes the cheapest of all varlen, all unified, or each request on its path of lower
+    predicted time, with each used path's launch cost counted once (``batch_routes``; reason
+    ``cost``); without one, the
     threshold rules (``varlen_min_new_tokens``, ``max_gather_ratio``) decide."""
     new = np.asarray(new_tokens, dtype=np.int64)
     cached = np.asarray(cached_tokens, dtype=np.int64)
@@ -360,7 +381,7 @@ def plan(
         varlen, unified, reasons = pf, _EMPTY, ()
     elif cost is not None and len(pf):
         tv, tu = cost.predict(facts, n_pf, cached[pf])
-        cheaper = tv < tu
+        cheaper = batch_routes(tv, tu, cost.launch_us)
         varlen, unified = pf[cheaper], pf[~cheaper]
         reasons = (Reason.COST,) * len(unified)
         predictions = (pf, tv, tu)

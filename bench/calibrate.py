@@ -111,6 +111,34 @@ def time_point(n: int, c: int, hq: int, hk: int, d: int, window: int, sinks: tor
     return tv, tu, B
 
 
+def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, float]:
+    """Per-layer time of each path for one small request alone (n = 16 after c = 16): the host's
+    launch work and the kernels' latency floor, which a path costs whenever it gets a request.
+    The varlen path's includes its gather."""
+    from atom_backend.unified import paged_attention
+    from hip_kernels import gather as hg
+    from hip_kernels import prefill
+
+    n, c = 16, 16
+    kc, vc, bt, seq_lens = paged([n + c], hk, d, gen=gen)
+    q = torch.randn(n, hq, d, dtype=DT, device="cuda")
+    cuq, cuk = cu([n]), cu([n + c])
+    out = torch.empty_like(q)
+    work = prefill.work_items([n], [n + c], head_dim=d).to("cuda")  # once per batch, not per layer
+
+    def varlen():
+        k, v = hg.gather_kv(kc, vc, cuk, n + c, block_table=bt)
+        prefill.varlen_attention(q, k, v, cuq, cuk, max_seqlen_q=n, max_seqlen_k=n + c, sinks=sinks, out=out,
+                                 work=work)
+
+    def unified():
+        paged_attention(q, kc, vc, cuq, seq_lens, bt, max_seqlen_q=n, max_seqlen_k=n + c, sinks=sinks, out=out)
+
+    reps = dict(warmup_ms=10, rep_ms=40)
+    return {"varlen": round(bench_ms(varlen, **reps) * 1e3, 1), "unified": round(bench_ms(unified, **reps) * 1e3, 1),
+            "shape": [hq, hk, d]}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one shape, 3 x 3 grid (smoke test)")
@@ -128,6 +156,9 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(0)
     gbps = {kv: gather_bandwidth(kv, 1 << (18 if args.quick else 20)) for kv in ("16bit", "fp8")}
     print(f"{device_name()} ({arch}): gather " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in gbps.items()), flush=True)
+    launch = launch_us(*shapes[0][:3], torch.randn(shapes[0][0], dtype=torch.float32, device="cuda"), gen)
+    print(f"launch cost per layer (one small request alone): varlen {launch['varlen']} us (gather included), "
+          f"unified {launch['unified']} us", flush=True)
     rows = []
     for hq, hk, d, w in shapes:
         sinks = torch.randn(hq, dtype=torch.float32, device="cuda")
@@ -145,7 +176,8 @@ def main(argv=None) -> dict:
         rows.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
                      "varlen_us": tv, "unified_us": tu, "batch": bs})
     body = {"kernels": tables.kernel_fingerprint(),
-            "gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "grid": grid, "shapes": rows,
+            "gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "launch_us": launch, "grid": grid,
+            "shapes": rows,
             "seconds": round(time.perf_counter() - t0, 1)}
     cmd = "python -m bench.calibrate" + (" --quick" if args.quick else "")
     p = tables.write("cost", arch, body, cmd, device_name(), args.out)

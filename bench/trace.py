@@ -11,7 +11,10 @@ step: one full attention, one sliding window of 128 (gpt-oss alternates them). R
 Decodes take the split-KV kernel in all three. Batch classes: decode (decodes only), fresh
 (fresh prefills of 512..16k tokens + decodes), prefix (prefix hits: 32..2k new after 1k..32k
 cached + decodes), mixed (one fresh, three prefix hits, 64 decodes). Times: medians of the two
-layers' executor calls (gather included), CUDA events, per batch; totals per class.
+layers' executor calls (gather included), CUDA events, the three modes interleaved and
+repeated (median of --repeats), per batch; totals per class. --profile adds, per mode, the
+host time to enqueue a step and the kernels' device time (a step whose host time exceeds its
+kernels' is launch bound: the events then time the host).
 """
 
 from __future__ import annotations
@@ -52,12 +55,48 @@ def make_batch(cls: str, rng) -> list[tuple[int, int]]:
     return dec(64) + pre
 
 
+def host_and_kernels(fn, steps: int = 10) -> tuple[float, dict[str, float]]:
+    """(median host ms to enqueue one fn() call, device ms per call by kernel name). When the
+    host time exceeds the kernels' sum, the step is launch bound and CUDA events time the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    if os.environ.get("ATOM_TRACE_CPROFILE"):  # where the host time goes, by function
+        import cProfile
+        import pstats
+
+        with cProfile.Profile() as cp:
+            for _ in range(steps):
+                fn()
+        torch.cuda.synchronize()
+        pstats.Stats(cp).sort_stats("tottime").print_stats(12)
+    host = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t) * 1e3)
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+        if t > 0:
+            kernels[e.key[:40]] = kernels.get(e.key[:40], 0.0) + t / 1e3 / steps
+    return sorted(host)[steps // 2], kernels
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one batch per class (smoke test)")
     ap.add_argument("--batches", type=int, default=4, help="batches per class")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved timings per mode and batch (median)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", action="store_true",
+                    help="also report per mode the host time to enqueue one step and the kernels' device time")
     args = ap.parse_args(argv)
     os.environ.setdefault("ATOM_METRICS", "0")
     from bench import _vllm
@@ -103,17 +142,32 @@ def main(argv=None) -> dict:
                 slot_mapping=torch.zeros(sum(new), dtype=torch.int64, device=dev),
                 seq_lens_cpu_upper_bound=seq_lens.cpu())
             row = {"class": cls, "batch": bi, "requests": len(reqs), "prefills": [r for r in reqs if r[0] > 1]}
+            fns = {}
             for mode in MODES:
                 md = builders[mode].build(0, cm)
-                fn = lambda: [executors.run(md, q, out, kc, vc, p) for p in layers]
-                row[mode + "_ms"] = bench_ms(fn, warmup_ms=10, rep_ms=60)
+                fns[mode] = lambda md=md: [executors.run(md, q, out, kc, vc, p) for p in layers]
                 if mode == "cost":
                     row["cost_varlen"] = [reqs[i] for i in md.plan.varlen.tolist()]
                     row["cost_unified"] = [reqs[i] for i in md.plan.unified.tolist()]
                     row["cost_reason"] = md.plan.varlen_reason.value
+            # modes interleaved, median of the repeats: small batches are launch bound, and a
+            # host hiccup during one mode's timing must not decide the comparison
+            times = {m: [] for m in MODES}
+            for _ in range(args.repeats):
+                for mode in MODES:
+                    times[mode].append(bench_ms(fns[mode], warmup_ms=10, rep_ms=40))
+            for mode in MODES:
+                row[mode + "_ms"] = float(np.median(times[mode]))
+                if args.profile:
+                    row[mode + "_host_ms"], row[mode + "_kernels"] = host_and_kernels(fns[mode])
             best = min(row["varlen_ms"], row["unified_ms"])
             row["ratio"] = row["cost_ms"] / best
             results.append(row)
+            if args.profile:
+                for mode in MODES:
+                    ks = row[mode + "_kernels"]
+                    print(f"  {mode:7s} host {row[mode + '_host_ms']:.3f} ms/step, kernels {sum(ks.values()):.3f} ms: "
+                          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(ks.items(), key=lambda kv: -kv[1])[:6]))
             print(f"{cls:7s} #{bi} {len(reqs):3d} req, prefills {row['prefills']}: cost {row['cost_ms']:.3f} ms, "
                   f"varlen {row['varlen_ms']:.3f}, unified {row['unified_ms']:.3f} (cost/best {row['ratio']:.3f}); "
                   f"cost sent {len(row['cost_varlen'])} varlen / {len(row['cost_unified'])} unified", flush=True)

@@ -10,6 +10,8 @@ o = 0, lse = -inf. No host sync; safe under CUDA-graph capture.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import runtime
@@ -21,6 +23,7 @@ THREADS = 256
 _OUT = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
 
 
+@functools.lru_cache(maxsize=None)
 def variant(out_dtype: torch.dtype) -> Variant:
     return Variant(SOURCE, KERNEL, {"COMBINE_OUT": _OUT[out_dtype]})
 

@@ -20,6 +20,7 @@ Without a window this is `reference.split_ranges`. Empty splits write lse = -inf
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -54,6 +55,7 @@ def _rows_max(kv_code: int) -> int:
     return 8
 
 
+@functools.lru_cache(maxsize=None)
 def _variant(head_dim: int, rows: int, q_code: int, kv_code: int):
     from hip_kernels.runtime import Variant
 
@@ -75,6 +77,7 @@ def _mma_variant(head_dim: int, q_code: int, kv_code: int, tune=None):
     return Variant(MMA_SOURCE, MMA_KERNEL, defines)
 
 
+@functools.lru_cache(maxsize=None)
 def _mma_smem_bytes(variant) -> int:
     """Dynamic shared memory of a decode_mma.hip variant (mirrors SMEM_BYTES there)."""
     dd = dict(variant.defines)
@@ -118,6 +121,7 @@ def _max_dynamic_smem(arch: str) -> int:
     return {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024}.get(sm, 99 * 1024)
 
 
+@functools.lru_cache(maxsize=None)
 def choose_impl(arch: str, head_dim: int, kv_code: int) -> str:
     """"mma" (tensor cores) or "fma" (CUDA-core kernel), from the H100 measurements in
     docs/perf/decode.md; "fma" where the mma variant's shared memory does not fit (gfx942 has
@@ -128,6 +132,7 @@ def choose_impl(arch: str, head_dim: int, kv_code: int) -> str:
     return "fma"
 
 
+@functools.lru_cache(maxsize=None)  # per launch: a Variant costs ~10 us to build
 def launch_variant(impl: str, head_dim: int, q_code: int, kv_code: int, rows_needed: int):
     """The variant splitkv_partials launches for `impl` and rows (query tokens x GQA group) per
     kv head: the registry's build selection asks this same function."""

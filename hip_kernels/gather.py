@@ -12,6 +12,8 @@ flavour, or uint8 holding it) are dequantised to ``out_dtype`` (default bf16) wi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import runtime
@@ -27,6 +29,7 @@ _OUT = {torch.bfloat16: 1, torch.float16: 2}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.uint8)
 
 
+@functools.lru_cache(maxsize=None)
 def variant(layout: str, fp8: bool, out_dtype: torch.dtype = torch.bfloat16, scale: str = "per_tensor") -> Variant:
     """layout 'vllm' | 'sglang'; fp8 False -> 16-bit byte copy; scale 'per_tensor' | 'per_page'."""
     d = {"GATHER_LAYOUT": {"vllm": 0, "sglang": 1}[layout], "GATHER_FP8": int(fp8)}

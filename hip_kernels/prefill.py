@@ -102,6 +102,7 @@ def _default_arch() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # per launch: a Variant costs ~10 us to build
 def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
     from hip_kernels.runtime import Variant
 

@@ -167,6 +167,22 @@ def device_arch(device=None) -> str:
     """Compile target of a torch device: 'sm_90a' on H100 (exact-sm cubin), 'gfx942' on MI300."""
     import torch
 
+    if isinstance(device, int):
+        idx = device
+    elif device is None or torch.device(device).index is None:
+        if not torch.cuda.is_available():
+            raise KernelError("hip_kernels.load needs a CUDA or ROCm GPU (torch.cuda.is_available() is False)")
+        idx = torch.cuda.current_device()
+    else:
+        idx = torch.device(device).index
+    return _arch_of(idx)
+
+
+@functools.lru_cache(maxsize=None)  # launches ask it every call; a device's arch never changes
+def _arch_of(idx: int) -> str:
+    import torch
+
+    device = idx
     if not torch.cuda.is_available():
         raise KernelError("hip_kernels.load needs a CUDA or ROCm GPU (torch.cuda.is_available() is False)")
     props = torch.cuda.get_device_properties(device)

@@ -10,13 +10,14 @@ import pytest
 
 from atom_backend.kernels import registry
 from atom_backend.kernels.cost import CostModel, visible_pairs
-from atom_backend.planner import ModelFacts, PlannerConfig, Reason, plan
+from atom_backend.planner import ModelFacts, PlannerConfig, Reason, batch_routes, plan
 
 GRID = {"new": [16, 256, 4096], "cached": [0, 4096, 32768]}
 FACTS = ModelFacts(64, 8, 64, has_sinks=True)
 
 
-def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1000.0, window=0, extra=()):
+def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1000.0, window=0, extra=(),
+          launch_us=None):
     """A synthetic table: kernel times = work / rate (work per us); the unified rate can grow
     with the cached length (it reads pages in place)."""
     shapes = []
@@ -26,8 +27,11 @@ def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1
         ur = unified_rate if unified_cached_rate is None else np.where(c > 0, unified_cached_rate, unified_rate)
         shapes.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w,
                        "varlen_us": (work / varlen_rate).tolist(), "unified_us": (work / ur).tolist()})
-    return {"schema": 1, "arch": "test", "gather": {"16bit": {"gbps": gbps}, "fp8": {"gbps": gbps}},
-            "grid": GRID, "shapes": shapes}
+    t = {"schema": 1, "arch": "test", "gather": {"16bit": {"gbps": gbps}, "fp8": {"gbps": gbps}},
+         "grid": GRID, "shapes": shapes}
+    if launch_us is not None:
+        t["launch_us"] = {"varlen": launch_us[0], "unified": launch_us[1]}
+    return t
 
 
 def platform(model):
@@ -101,6 +105,39 @@ def test_forcing_and_disabling_still_win_over_cost():
     assert PlannerConfig.from_env({"ATOM_COST_ROUTING": "0"}).cost_routing is False
 
 
+def test_batch_routes_counts_each_used_paths_launch_once():
+    tv = np.array([100.0, 10.0, 12.0])
+    tu = np.array([300.0, 8.0, 11.0])
+    # without launch costs: each request on its cheaper path
+    assert batch_routes(tv, tu, (0.0, 0.0)).tolist() == [True, False, False]
+    # a second path saving 3 us but launching for 20 us: everything on varlen
+    assert batch_routes(tv, tu, (20.0, 20.0)).tolist() == [True, True, True]
+    # a big saving pays for the second launch
+    tu2 = np.array([300.0, 8.0, 1.0])
+    assert batch_routes(tv, tu2, (5.0, 5.0)).tolist() == [True, False, False]
+    # all unified when varlen's launch is dear and its one win small
+    tv3, tu3 = np.array([10.0, 50.0]), np.array([11.0, 20.0])
+    assert batch_routes(tv3, tu3, (30.0, 5.0)).tolist() == [False, False]
+    # one path cheaper for every request: that path, whatever the launch costs
+    assert batch_routes(tv, tv + 1, (1e6, 0.0)).tolist() == [True, True, True]
+
+
+def test_planner_keeps_a_small_prefix_hit_with_a_big_prefill_when_a_second_launch_costs_more():
+    # unified 3x faster over a cached prefix: a small prefix hit alone would go unified
+    args = dict(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=300.0)
+    new, cached = [4096, 16], [0, 64]
+    e = CostModel(table(**args)).explain(FACTS, new, cached)
+    saving = e["varlen_us"][1] - e["unified_us"][1]
+    assert saving > 0
+    cheap = plan(new, cached, FACTS, platform(CostModel(table(**args, launch_us=(0.1 * saving, 0.1 * saving)))),
+                 PlannerConfig())
+    dear = plan(new, cached, FACTS, platform(CostModel(table(**args, launch_us=(10 * saving, 10 * saving)))),
+                PlannerConfig())
+    assert cheap.varlen.tolist() == [0] and cheap.unified.tolist() == [1]
+    assert dear.varlen.tolist() == [0, 1] and dear.unified.tolist() == []
+    assert dear.varlen_reason == Reason.COST and dear.predicted(1) == pytest.approx(cheap.predicted(1))
+
+
 def test_unsupported_model_keeps_its_reason_with_a_table():
     m = CostModel(table())
     p = plan([512], [0], ModelFacts(32, 8, 80), platform(m), PlannerConfig())
@@ -127,6 +164,9 @@ def test_table_validation():
     bad["shapes"][0]["varlen_us"][0][0] = 0.0
     with pytest.raises(ValueError, match="positive"):
         CostModel(bad)
+    with pytest.raises(ValueError, match="launch_us"):
+        CostModel(table(launch_us=(-1.0, 2.0)))
+    assert CostModel(table()).launch_us == (0.0, 0.0)
     bad = table()
     bad["grid"] = {"new": [16], "cached": [0, 1]}
     with pytest.raises((ValueError, KeyError)):

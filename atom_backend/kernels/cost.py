@@ -8,6 +8,13 @@ query heads x head dim, DESIGN.md's FLOP count over 4):
               + work / varlen_rate(n, c)
     unified = work / unified_rate(n, c)
 
+Each path also has a per-layer launch cost (``launch_us``: the time of one small request, n = 16
+after c = 16, alone; the host launch work and the kernels' latency floor), paid once per batch
+by each path that gets a request. The planner compares, for the whole batch, "all varlen",
+"all unified" and "each request on its cheaper path" (both launch costs), so a small prefill is
+not split off to a second path whose launch costs more than it saves. A table without
+``launch_us`` (older calibrations) counts 0.
+
 Rates (work per microsecond) come from kernel times measured on the GPU over a grid of
 (new, cached) for a few (heads, kv heads, head dim, window) shapes, each timed on a batch of
 identical requests and divided by the batch size (the marginal cost of one request in a full
@@ -85,6 +92,10 @@ class CostModel:
         self._x = np.log2(self.grid_new)
         self._y = np.log2(self.grid_cached + 1)
         self.shapes = [_Shape(s, self.grid_new, self.grid_cached) for s in table["shapes"]]
+        launch = table.get("launch_us", {})
+        self.launch_us = (float(launch.get("varlen", 0.0)), float(launch.get("unified", 0.0)))
+        if min(self.launch_us) < 0 or not all(map(math.isfinite, self.launch_us)):
+            raise ValueError(f"{source}: launch_us must be finite and >= 0, got {launch}")
         if not self.shapes:
             raise ValueError(f"{source}: no calibrated shapes")
         self._bound: dict = {}
