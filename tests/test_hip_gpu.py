@@ -221,6 +221,12 @@ def test_combine_matches_reference(S, D, out_dtype, with_sinks):
     all_empty = torch.isinf(lse).all(0)
     assert (out.cpu()[all_empty] == 0).all(), "all -inf rows must give o = 0"
     assert torch.isnan(buf[:, H * D :]).all(), "wrote outside out's view"
+    # The combine weighs an empty split 0 and never uses its o_s, whatever the workspace holds.
+    poisoned = o.clone()
+    poisoned[torch.isinf(lse)] = float("nan")
+    again = torch.empty_like(out)
+    combine(poisoned.to(DEV), lse.to(DEV), again, sinks=None if sinks is None else sinks.to(DEV))
+    assert torch.equal(again, out)
 
 
 def test_combine_of_split_partials_equals_attention():

@@ -34,18 +34,25 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
   const i64 q = pair / num_heads, h = pair - q * num_heads;
   const i64 split_stride_lse = total_q * num_heads;
 
+  // Few (q, h) pairs with many splits (one long request) leave few threads, each walking every
+  // split: unrolled loops with unconditional loads keep 4 splits' loads in flight per thread
+  // (8 spills scalar registers on gfx942).
   float m = neg_inf();
+#pragma unroll 4
   for (i64 s = 0; s < num_splits; ++s) m = fmax_(m, lse_partial[s * split_stride_lse + pair]);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float lse = neg_inf();
   if (m != neg_inf()) {
     float sum = 0.f;
+#pragma unroll 4
     for (i64 s = 0; s < num_splits; ++s) {
       const float l = lse_partial[s * split_stride_lse + pair];
-      const float w = exp_(l - m);  // -inf split: exp(-inf) = 0, and its o_s is never read
+      const float w = exp_(l - m);
+      // an empty split (lse -inf, w = 0) may leave its o_s unwritten: loaded (in bounds of the
+      // workspace) but never used, so no NaN of stale memory reaches acc
+      const u32x4 v = load16(o_partial + (s * split_stride_lse + pair) * head_dim + d0);
       if (w > 0.f) {
-        const u32x4 v = load16(o_partial + (s * split_stride_lse + pair) * head_dim + d0);
         acc[0] += w * u32_as_f32(v.x);
         acc[1] += w * u32_as_f32(v.y);
         acc[2] += w * u32_as_f32(v.z);
