@@ -39,6 +39,28 @@ def bench_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     return times[len(times) // 2]
 
 
+def graphed(fn):
+    """fn captured once in a CUDA graph, returned as its replay (how vLLM runs decode steps):
+    timings then hold no host launch overhead. Falls back to fn where capture fails."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # compile, load and allocate outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # a peer that cannot be captured is timed eagerly
+        print(f"# CUDA-graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:100]}); timing eagerly")
+        torch.cuda.synchronize()
+        return fn
+    g._keep = fn  # the graph's buffers live as long as the closure
+    return g.replay
+
+
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, device: int = 0) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), far above L2 size."""

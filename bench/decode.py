@@ -6,7 +6,9 @@ Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64
 Peers: torch SDPA decode on dense KV (cuDNN and flash backends) and the Triton unified decode
 (`atom_backend.unified.paged_decode`) when it exists. Splits: the planner's choice, plus a sweep
 (`--sweep`) to check the planner's rule. Every KV set is far larger than L2 (>= 512 MiB), so no
-rotation is needed; timings are medians of triton.testing.do_bench.
+rotation is needed; timings are medians of triton.testing.do_bench over CUDA-graph replays of
+one decode step (how vLLM runs decode; every peer gets the same treatment), so they hold kernel
+time, not Python launch overhead (`python -m bench.decode_profile variants` measures that).
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ SHAPES = ((64, 4096), (8, 32768), (1, 131072))
 
 
 def bench_ms(fn) -> float:
+    """Median time of one call of fn, as a CUDA-graph replay."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    from bench.common import graphed
+
+    return float(do_bench(graphed(fn), warmup=25, rep=200, return_mode="median"))
 
 
 def copy_bandwidth() -> float:
@@ -38,7 +43,9 @@ def copy_bandwidth() -> float:
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     a.random_(0, 255)
     b = torch.empty_like(a)
-    ms = bench_ms(lambda: b.copy_(a))
+    from triton.testing import do_bench
+
+    ms = float(do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median"))
     del a, b
     return 2 * n / (ms * 1e-3)
 

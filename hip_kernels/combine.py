@@ -69,8 +69,20 @@ def combine(
     pairs = tq * H
     if pairs == 0:
         return out
-    per_block = THREADS // (D // 4)
+    groups = split_groups(S, D)
+    per_block = THREADS // (D // 4 * groups)
     grid = (pairs + per_block - 1) // per_block
     kern = runtime.load(variant(out.dtype), dev)
-    kern(grid, THREADS, out, lse_out, o_partial, lse_partial, sinks, S, tq, H, D, out.stride(0), out.stride(1))
+    kern(grid, THREADS, out, lse_out, o_partial, lse_partial, sinks, S, tq, H, D, out.stride(0), out.stride(1),
+         groups)
     return out
+
+
+def split_groups(num_splits: int, head_dim: int) -> int:
+    """Thread groups per (q, h) pair that share its splits: the power of two covering the splits,
+    at most what one block holds. One group per split keeps each thread one load deep, however
+    few the pairs (one long request: 32 pairs x 32 splits)."""
+    g = 1
+    while g < num_splits and 2 * g * (head_dim // 4) <= THREADS:
+        g *= 2
+    return g

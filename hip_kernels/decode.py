@@ -2,7 +2,8 @@
 
 `splitkv_decode(...)` runs one launch of the split kernel, grid (kv heads x row blocks, requests,
 splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combine` merges the
-splits and applies the per-head sinks once. No host synchronisation: every check here reads
+splits and applies the per-head sinks once (with one split the tensor-core kernel writes the
+output and lse itself: no combine). No host synchronisation: every check here reads
 shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph capturable when the
 caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks it).
 
@@ -282,6 +283,21 @@ def splitkv_partials(
     """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks.
 
     impl: None (choose_impl for the device), "mma" (tensor cores) or "fma" (CUDA cores)."""
+    o_part, lse_part, _ = _split_kernel(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
+        kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
+        window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, _tune=_tune)
+    return o_part, lse_part
+
+
+def _split_kernel(
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
+    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None, final=None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(o_partial, lse_partial, finished): with one split, the tensor-core kernel writes
+    `final` = (out, lse_out, sinks) itself and `finished` is True (nothing left to combine)."""
     batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = _validate(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
         max_query_len, num_splits, window, sink_tokens, softcap, None, k_scale, v_scale, k_descale, v_descale)
@@ -302,7 +318,7 @@ def splitkv_partials(
     o_part = flat[:n_o].view(num_splits, total_q, hq, d)
     lse_part = flat[n_o:n_o + num_splits * total_q * hq].view(num_splits, total_q, hq)
     if batch == 0 or total_q == 0:
-        return o_part, lse_part
+        return o_part, lse_part, False
 
     if impl is None:
         from hip_kernels.runtime import device_arch
@@ -343,11 +359,14 @@ def splitkv_partials(
         var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
         if _tune:  # benchmarking knob: extra defines
             var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
-        args = head + [mkf, mvf, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
-                       magic, shift] + tail
-        _launch(var, (hk * row_blocks, batch, num_splits), (MMA_WARPS * _warp_size(q.device), 1, 1), args,
+        direct = final is not None and num_splits == 1
+        out, lse_out, sinks = final if direct else (None, None, None)
+        args = head + [mkf, mvf, o_part, lse_part, out, out.stride(0) if direct else 0, out.stride(1) if direct else 0,
+                       lse_out, sinks, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail
+        warps = int(dict(var.defines)["NUM_WARPS"]) if _tune else MMA_WARPS
+        _launch(var, (hk * row_blocks, batch, num_splits), (warps * _warp_size(q.device), 1, 1), args,
                 shared_mem=_mma_smem_bytes(var))
-        return o_part, lse_part
+        return o_part, lse_part, direct
     _, row_blocks = _pick_rows(max_query_len * group, kv_code)
     defines_variant = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
     if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
@@ -355,7 +374,7 @@ def splitkv_partials(
     args = head + [kf, vf, fmt, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
                    magic, shift] + tail
     _launch(defines_variant, (hk * row_blocks, batch, num_splits), (NUM_THREADS, 1, 1), args)
-    return o_part, lse_part
+    return o_part, lse_part, False
 
 
 def _warp_size(device) -> int:
@@ -388,16 +407,20 @@ def splitkv_decode(
             raise ValueError(f"sinks must be float32 [num_q_heads={q.shape[1]}], got {sinks.dtype} {tuple(sinks.shape)}")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
-    if lse_out is not None and (tuple(lse_out.shape) != tuple(q.shape[:2]) or lse_out.dtype != torch.float32):
-        raise ValueError(f"lse_out must be float32 {tuple(q.shape[:2])}, got {lse_out.dtype} {tuple(lse_out.shape)}")
-    o_part, lse_part = splitkv_partials(
+    if lse_out is not None and (tuple(lse_out.shape) != tuple(q.shape[:2]) or lse_out.dtype != torch.float32
+                                or not lse_out.is_contiguous()):
+        raise ValueError(f"lse_out must be contiguous float32 {tuple(q.shape[:2])}, got {lse_out.dtype} "
+                         f"{tuple(lse_out.shape)}")
+    if out is None:
+        out = torch.empty_like(q)
+    if out.stride(2) != 1:
+        raise ValueError(f"out must have a contiguous last dim, got strides {out.stride()}")
+    o_part, lse_part, finished = _split_kernel(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
         kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
         window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl)
-    if out is None:
-        out = torch.empty_like(q)
-    if q.shape[0] == 0:
+        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, final=(out, lse_out, sinks))
+    if q.shape[0] == 0 or finished:
         return out
     from hip_kernels.combine import combine
 

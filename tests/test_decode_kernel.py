@@ -276,11 +276,14 @@ def test_partials_match_reference_splits(name):
 @pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("name", ["sq1_gqa4", "sinks", "all_features", "fp8_per_page_transitions", "empty_seq",
                                   "spec8_gqa8_row_blocks", "sglang_page1"])
-def test_full_decode_with_combine(name):
-    """splitkv_decode end to end (hip_kernels.combine applies the sinks once)."""
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_full_decode_with_combine(name, num_splits):
+    """splitkv_decode end to end: hip_kernels.combine applies the sinks once; with one split the
+    tensor-core kernel writes out and lse itself (no combine). out and lse start as NaN: every
+    row of every request must be written."""
     pytest.importorskip("hip_kernels.combine")
     batch, sinks, attn, o_ref, lse_ref = _run_case(name, 5)
-    out, lse = run_decode(batch, 5, sinks=sinks, **attn)
+    out, lse = run_decode(batch, num_splits, sinks=sinks, **attn)
     torch.cuda.synchronize()
     dt = batch["q"].dtype
     assert_close(out.float().cpu(), o_ref, dt, f"{name} out")

@@ -197,8 +197,8 @@ def _partials(S, tq, H, D, gen):
     return o, lse
 
 
-@pytest.mark.parametrize("S", [1, 3, 8])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S", [1, 3, 8, 32, 40])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_combine_matches_reference(S, D, out_dtype, with_sinks):

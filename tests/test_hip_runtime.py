@@ -328,3 +328,14 @@ def test_variants_registry_lists_gather_and_combine(capsys):
     assert len(set(vs)) == len(vs)
     variants.main(["--list"])
     assert "atom_gather_kv[" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("S, D, want", [(1, 128, 1), (3, 128, 4), (8, 128, 8), (32, 128, 8), (32, 64, 16),
+                                        (5, 256, 4), (40, 256, 4)])
+def test_combine_split_groups(S, D, want):
+    """Groups per (token, head): the power of two covering the splits, as many as one block holds."""
+    from hip_kernels.combine import THREADS, split_groups
+
+    g = split_groups(S, D)
+    assert g == want
+    assert g * (D // 4) <= THREADS

@@ -9,7 +9,10 @@
 // Layout: o_partial [S, total_q, H, D] fp32 contiguous, lse_partial [S, total_q, H] fp32
 // contiguous; out [total_q, H, D] with row / head strides (last dim contiguous); lse_out
 // [total_q, H] contiguous or null; sinks [H] or null.
-// Each thread owns 4 consecutive d of one (q, h) pair: 16-byte loads of the partials.
+// Threads: 4 consecutive d of one (q, h) pair (16-byte loads of the partials) x `groups` split
+// groups (a power of two, chosen by hip_kernels/combine.py): group g takes splits g, g + groups,
+// ... Few pairs with many splits (one long request) then still spread their loads over many
+// threads, one round trip deep; the groups merge through shared memory.
 #include "atom_device.h"
 
 #ifndef COMBINE_OUT
@@ -24,42 +27,75 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
     const float* __restrict__ o_partial, const float* __restrict__ lse_partial,
     const float* __restrict__ sinks,
     i64 num_splits, i64 total_q, i64 num_heads, i64 head_dim,
-    i64 out_row_stride, i64 out_head_stride) {  // elements
-  const i64 tpp = head_dim / 4;  // threads per (q, h) pair
-  const i64 pairs_per_block = COMBINE_THREADS / tpp;
-  const i64 local = tid_x() / tpp;
+    i64 out_row_stride, i64 out_head_stride, i64 groups) {  // elements
+  __shared__ float sm_m[COMBINE_THREADS], sm_sum[COMBINE_THREADS];
+  __shared__ u32x4 sm_acc[COMBINE_THREADS];
+  const i64 tpp = head_dim / 4;        // threads per (q, h) pair and split group
+  const i64 tpg = tpp * groups;        // threads per pair
+  const i64 pairs_per_block = COMBINE_THREADS / tpg;
+  const i64 t = tid_x();
+  const i64 local = t / tpg;
+  const i64 grp = (t - local * tpg) / tpp;
+  const i64 d0 = (t - local * tpg - grp * tpp) * 4;
   const i64 pair = (i64)bid_x() * pairs_per_block + local;
-  const i64 d0 = (i64)(tid_x() - local * tpp) * 4;
-  if (local >= pairs_per_block || pair >= total_q * num_heads) return;
-  const i64 q = pair / num_heads, h = pair - q * num_heads;
+  const bool live = local < pairs_per_block && pair < total_q * num_heads;
   const i64 split_stride_lse = total_q * num_heads;
 
-  // Few (q, h) pairs with many splits (one long request) leave few threads, each walking every
-  // split: unrolled loops with unconditional loads keep 4 splits' loads in flight per thread
-  // (8 spills scalar registers on gfx942).
+  // This group's splits: max of their lse, then the weighted sum against it.
   float m = neg_inf();
-#pragma unroll 4
-  for (i64 s = 0; s < num_splits; ++s) m = fmax_(m, lse_partial[s * split_stride_lse + pair]);
-
+  float sum = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float lse = neg_inf();
-  if (m != neg_inf()) {
-    float sum = 0.f;
+  if (live) {
 #pragma unroll 4
-    for (i64 s = 0; s < num_splits; ++s) {
-      const float l = lse_partial[s * split_stride_lse + pair];
-      const float w = exp_(l - m);
-      // an empty split (lse -inf, w = 0) may leave its o_s unwritten: loaded (in bounds of the
-      // workspace) but never used, so no NaN of stale memory reaches acc
-      const u32x4 v = load16(o_partial + (s * split_stride_lse + pair) * head_dim + d0);
-      if (w > 0.f) {
+    for (i64 s = grp; s < num_splits; s += groups) m = fmax_(m, lse_partial[s * split_stride_lse + pair]);
+    if (m != neg_inf()) {
+#pragma unroll 4
+      for (i64 s = grp; s < num_splits; s += groups) {
+        const float w = exp_(lse_partial[s * split_stride_lse + pair] - m);
+        // an empty split (lse -inf, w = 0) may leave its o_s unwritten: loaded (in bounds of the
+        // workspace) but never used, so no NaN of stale memory reaches acc
+        const u32x4 v = load16(o_partial + (s * split_stride_lse + pair) * head_dim + d0);
+        if (w > 0.f) {
+          acc[0] += w * u32_as_f32(v.x);
+          acc[1] += w * u32_as_f32(v.y);
+          acc[2] += w * u32_as_f32(v.z);
+          acc[3] += w * u32_as_f32(v.w);
+        }
+        sum += w;
+      }
+    }
+  }
+  if (groups > 1) {  // uniform: merge the groups of each pair into group 0
+    sm_m[t] = m;
+    sm_sum[t] = sum;
+    sm_acc[t] = u32x4{f32_as_u32(acc[0]), f32_as_u32(acc[1]), f32_as_u32(acc[2]), f32_as_u32(acc[3])};
+    sync_block();
+    if (grp != 0) return;
+    const i64 base = local * tpg + d0 / 4;
+    m = neg_inf();
+#pragma unroll 1
+    for (i64 g = 0; g < groups; ++g) m = fmax_(m, sm_m[base + g * tpp]);
+    sum = 0.f;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    if (m != neg_inf()) {
+#pragma unroll 1
+      for (i64 g = 0; g < groups; ++g) {
+        const float mg = sm_m[base + g * tpp];
+        if (mg == neg_inf()) continue;
+        const float w = exp_(mg - m);
+        const u32x4 v = sm_acc[base + g * tpp];
+        sum += w * sm_sum[base + g * tpp];
         acc[0] += w * u32_as_f32(v.x);
         acc[1] += w * u32_as_f32(v.y);
         acc[2] += w * u32_as_f32(v.z);
         acc[3] += w * u32_as_f32(v.w);
       }
-      sum += w;
     }
+  }
+  if (!live) return;
+  const i64 h = pair % num_heads, q = pair / num_heads;
+  float lse = neg_inf();
+  if (m != neg_inf()) {
     lse = m + log_(sum);
     float inv = 1.f / sum;
     if (sinks) inv *= 1.f / (1.f + exp_(sinks[h] - lse));  // sigmoid(lse - sink)

@@ -3,7 +3,8 @@
 // Same contract, grid and split rule as decode.hip (the CUDA-core kernel): one CTA = (kv head g,
 // row block rb) x request b x split s, grid (hk * row_blocks, batch, splits); split s covers keys
 // [lo + s*per, lo + (s+1)*per) of the visible range, split 0 also takes the StreamingLLM sinks;
-// each split writes fp32 o (normalised) and lse (-inf and 0 when empty).
+// each split writes fp32 o (normalised) and lse (-inf and 0 when empty). With one split and `out`
+// given, the CTA writes the final o (q's dtype, sinks applied) and lse_out itself: no combine.
 //
 // Rows (query token x query head of g, up to 16 per CTA) are the M side of 16x16 MMA tiles
 // (atom_mma.h): rows past the request's are zero padding (decode is memory bound, the waste is
@@ -24,7 +25,8 @@
 // the warp's first V factor, which keeps P inside f16's range); per-tensor V scales multiply O.
 //
 // Defines: HEAD_DIM (64|128|256), Q_DTYPE (0 bf16, 1 fp16), KV_DTYPE (0 bf16, 1 fp16, 2 e4m3fn,
-//          3 e4m3fnuz), NUM_WARPS (4); tuning: KTILES (16-key tiles per warp per chunk), STAGES.
+//          3 e4m3fnuz), NUM_WARPS (4); tuning: KTILES (16-key tiles per warp per chunk), STAGES,
+//          QSMEM (Q fragments re-read from shared memory), MIN_CTAS (CTAs per SM the registers allow).
 // Dynamic shared memory: smem_bytes() below; hip_kernels/decode.py mirrors it (_mma_smem_bytes).
 
 #include "atom_mma.h"
@@ -40,6 +42,9 @@
 #endif
 #ifndef NUM_WARPS
 #define NUM_WARPS 4
+#endif
+#ifndef QSMEM
+#define QSMEM 0
 #endif
 
 namespace atom_dmma {
@@ -72,7 +77,8 @@ constexpr int CPK = KEYB / 16;      // 16-byte copies per key row
 // Copies: copy t of a lane moves part i % CPK of key i / CPK, i = lane + WARP * t, so that the
 // lanes of one copy instruction cover whole key rows (whole 128-byte lines).
 constexpr int NCP = KPW * CPK / WARP;  // copies per lane per chunk, for K and for V each
-static_assert(KPW <= WARP && KPW * CPK % WARP == 0, "copies must spread evenly over the lanes");
+static_assert(2 * KPW <= WARP && KPW * CPK % WARP == 0,
+              "a lane per K row and per V row; copies spread evenly over the lanes");
 #ifdef STAGES
 constexpr int NST = STAGES;
 #else
@@ -170,7 +176,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
     const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     float k_factor, float v_factor,
-    float* __restrict__ o_partial, float* __restrict__ lse_partial, int total_q, int num_q_heads,
+    float* __restrict__ o_partial, float* __restrict__ lse_partial,
+    unsigned short* __restrict__ out, long long out_stride_t, long long out_stride_h,
+    float* __restrict__ lse_out, const float* __restrict__ sinks, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
     float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens) {
   using namespace atom_dmma;
@@ -201,11 +209,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int lane = tid % WARP;
   const int warp = tid / WARP;
 
+  // The request's bounds, all loaded at once (one latency, not two, before the page ids).
   const int q0 = cu_seqlens_q[b];
   const int sq = cu_seqlens_q[b + 1] - q0;
-  if (sq <= 0) return;
-
-  // Keys beyond the pages the table holds are ignored (never read), whatever seq_lens says.
   int sk = seq_lens[b];
   int ip0 = 0;
   int avail;
@@ -215,6 +221,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   } else {
     avail = bt_width;
   }
+  if (sq <= 0) return;
+
+  // Keys beyond the pages the table holds are ignored (never read), whatever seq_lens says.
   {
     const long long cap = (long long)(avail > 0 ? avail : 0) * block_size;
     sk = sk < 0 ? 0 : (sk > cap ? (int)cap : sk);
@@ -229,35 +238,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int vcount = n_sink + (en - st);
   auto key_of = [&](int v) { return v < n_sink ? v : st + (v - n_sink); };
 
-  // ---- Q: rows rb*16 + r (token r / group, head g * group + r % group) staged, then fragments.
-  u16* qs = reinterpret_cast<u16*>(smem);
-  for (int i = tid; i < M * D / 8; i += NT) {
-    const int r = i / (D / 8), c = i - r * (D / 8);
-    const int rg = rb * M + r;
-    const int t = rg / group, hh = rg - t * group;
-    u32x4 v{0u, 0u, 0u, 0u};
-    if (t < sq) v = atom::load16(q + (long long)(q0 + t) * q_stride_t + (long long)(g * group + hh) * q_stride_h + c * 8);
-    const int dst = FP8 ? r * D + c * 8 : atom::mma::swizzled<D>::off(r, c * 8);
-    atom::store16(qs + dst, v);
-  }
-  atom::sync_block();
-  op_t qa[KT];
-#pragma unroll
-  for (int kt = 0; kt < KT; ++kt) {
-    if constexpr (FP8) {
-      // f16(q * q_scale): the scale is folded in before the f16 rounding (keeps q in range).
-#pragma unroll
-      for (int k = 0; k < op_t::ne; ++k) {
-        const int i0 = acc_t::get_i(2 * k), j0 = acc_t::get_j(2 * k);
-        const int i1 = acc_t::get_i(2 * k + 1), j1 = acc_t::get_j(2 * k + 1);
-        const float a = atom::to_f32(QT{}, qs[i0 * D + qdim(kt, j0)]) * q_scale;
-        const float c = atom::to_f32(QT{}, qs[i1 * D + qdim(kt, j1)]) * q_scale;
-        qa[kt].x[k] = atom::pack_f16x2(a, c);
-      }
-    } else {
-      atom::mma::load_rows<D>(qa[kt], qs, 0, 16 * kt);
-    }
-  }
   // Query position of each row slot of this lane (-1: padding row, sees nothing).
   int qpos[acc_t::row_slots];
 #pragma unroll
@@ -277,41 +257,117 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
 
   char* ring = reinterpret_cast<char*>(smem) + Q_BYTES + warp * NST * STAGE_BYTES;
 
-  // Page ids are looked up one chunk ahead, by lane k for key k of the warp's chunk (clamped into
-  // the pool; -1 past the split), and handed to the copying lanes by shuffles.
-  int pid = -1, slot = 0;
+  // Row offsets are computed one chunk ahead: lane k < KPW holds the byte offset of key k's K row,
+  // lane WARP/2 + k that of its V row (page clamped into the pool; -1 past the split), and hands
+  // it to the copying lanes by shuffles: one 64-bit multiply-add per lane per chunk, not one per
+  // copy. Per-page FP8: the same lane fetches its row's descale.
+  constexpr int HALF = WARP / 2;
+  const bool v_role = lane >= HALF;
+  const int role_key = lane - (v_role ? HALF : 0);
+  const long long page_bytes = v_role ? v_page_bytes : k_page_bytes;
+  const long long tok_bytes = v_role ? v_tok_bytes : k_tok_bytes;
+  const float* descale = v_role ? v_descale : k_descale;
+  long long off = -1;
+  int fidx = 0;
   auto lookup = [&](int c) {
-    const int v = c * CHUNK + warp * KPW + lane;
-    pid = -1;
-    slot = 0;
-    if (lane < KPW && v < vcount) {
+    const int v = c * CHUNK + warp * KPW + role_key;
+    off = -1;
+    if (role_key < KPW && v < vcount) {
       const int j = key_of(v);
       const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
-      pid = imin(imax(table[lp], 0), num_blocks - 1);
-      slot = j - lp * block_size;
+      const int p = imin(imax(table[lp], 0), num_blocks - 1);
+      off = (long long)p * page_bytes + (long long)(j - lp * block_size) * tok_bytes;
+      fidx = p * num_kv_heads + g;
     }
   };
   auto issue = [&](int c) {
     char* stg = ring + (c % NST) * STAGE_BYTES;
+    const u32 off_lo = (u32)off, off_hi = (u32)((unsigned long long)off >> 32);
 #pragma unroll
     for (int t = 0; t < NCP; ++t) {
       const int i = lane + WARP * t;
       const int k = i / CPK, part = i % CPK;
-      const int p = shfl_i(pid, k), sl = shfl_i(slot, k);
-      const bool ok = p >= 0;
-      const long long pk = ok ? (long long)p * k_page_bytes + (long long)sl * k_tok_bytes : 0;
-      const long long pv = ok ? (long long)p * v_page_bytes + (long long)sl * v_tok_bytes : 0;
-      atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + pk + part * 16, ok);
-      atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + pv + part * 16, ok);
-      if (FP8 && per_page && part == 0) {
-        float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
-        const long long di = ok ? (long long)p * num_kv_heads + g : 0;
-        atom::copy4_async(fac + k, k_descale + di, ok);
-        atom::copy4_async(fac + KPW + k, v_descale + di, ok);
-      }
+      const long long ko = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, k) << 32) | (u32)shfl_i((int)off_lo, k));
+      const long long vo = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, HALF + k) << 32) |
+                                       (u32)shfl_i((int)off_lo, HALF + k));
+      atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + (ko >= 0 ? ko : 0) + part * 16, ko >= 0);
+      atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + (vo >= 0 ? vo : 0) + part * 16, vo >= 0);
+    }
+    if (FP8 && per_page && role_key < KPW) {
+      float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
+      atom::copy4_async(fac + (v_role ? KPW : 0) + role_key, descale + (off >= 0 ? fidx : 0), off >= 0);
     }
   };
 
+  // ---- Q: rows rb*16 + r (token r / group, head g * group + r % group) staged, then fragments.
+  // Start-up is a chain of dependent loads (request bounds -> page ids -> KV rows); Q's copy
+  // rides beside the page-id loads instead of adding a link, and the first chunks are in flight
+  // before the fragments are built.
+  u16* qs = reinterpret_cast<u16*>(smem);
+  for (int i = tid; i < M * D / 8; i += NT) {
+    const int r = i / (D / 8), c = i - r * (D / 8);
+    const int rg = rb * M + r;
+    const int t = rg / group, hh = rg - t * group;
+    const bool ok = t < sq;
+    const unsigned short* src = ok ? q + (long long)(q0 + t) * q_stride_t + (long long)(g * group + hh) * q_stride_h + c * 8 : q;
+    const int dst = FP8 ? r * D + c * 8 : atom::mma::swizzled<D>::off(r, c * 8);
+    atom::copy16_async(qs + dst, src, ok);
+  }
+  atom::copy_commit();
+  const int nchunks = (vcount + CHUNK - 1) / CHUNK;
+#pragma unroll
+  for (int c = 0; c < NST - 1; ++c) {
+    lookup(c);
+    if (c < nchunks) issue(c);
+    atom::copy_commit();
+  }
+  lookup(NST - 1);
+  atom::copy_wait<NST - 1>();  // Q's group (the oldest) has landed
+  atom::sync_block();
+  op_t qa[KT];
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) {
+    if constexpr (FP8) {
+      // f16(q * q_scale): the scale is folded in before the f16 rounding (keeps q in range).
+#pragma unroll
+      for (int k = 0; k < op_t::ne; ++k) {
+        const int i0 = acc_t::get_i(2 * k), j0 = acc_t::get_j(2 * k);
+        const int i1 = acc_t::get_i(2 * k + 1), j1 = acc_t::get_j(2 * k + 1);
+        const float a = atom::to_f32(QT{}, qs[i0 * D + qdim(kt, j0)]) * q_scale;
+        const float c = atom::to_f32(QT{}, qs[i1 * D + qdim(kt, j1)]) * q_scale;
+        qa[kt].x[k] = atom::pack_f16x2(a, c);
+      }
+    } else {
+      atom::mma::load_rows<D>(qa[kt], qs, 0, 16 * kt);
+    }
+  }
+#if QSMEM
+  // Q fragments parked in shared memory (over the staged Q, lane-major: one 16-byte load per
+  // tile on mma.sync) and re-read per use: 32 registers fewer across the loop.
+  static_assert(KT * WARP * op_t::ne * 4 == Q_BYTES, "fragments fill the Q area exactly");
+  u32* qfr = reinterpret_cast<u32*>(smem);
+  atom::sync_block();  // every warp has built its fragments from the staged Q
+  if (warp == 0) {
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+      for (int k = 0; k < op_t::ne; ++k) qfr[(kt * WARP + lane) * op_t::ne + k] = qa[kt].x[k];
+  }
+  atom::sync_block();
+  auto qop = [&](int kt) {
+    op_t f;
+    if constexpr (op_t::ne == 4) {
+      const u32x4 w = atom::load16(qfr + (kt * WARP + lane) * 4);
+      f.x[0] = w.x, f.x[1] = w.y, f.x[2] = w.z, f.x[3] = w.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < op_t::ne; ++k) f.x[k] = qfr[(kt * WARP + lane) * op_t::ne + k];
+    }
+    return f;
+  };
+#else
+  auto qop = [&](int kt) -> const op_t& { return qa[kt]; };
+#endif
   acc_t o[KT];
 #pragma unroll
   for (int T = 0; T < KT; ++T) atom::mma::zero(o[T]);
@@ -338,7 +394,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         for (int kt = 0; kt < KT; ++kt) {
           op_t kf;
           atom::mma::load_rows<D>(kf, reinterpret_cast<const u16*>(ks), 16 * n, 16 * kt);
-          mma<DT>(sc[n], qa[kt], kf);
+          mma<DT>(sc[n], qop(kt), kf);
         }
       } else if constexpr (PERM) {
 #if ATOM_MMA_SYNC
@@ -356,7 +412,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
             kf.x[2] = fp8x2_to_f16x2(a0[i] >> 16);
             kf.x[1] = fp8x2_to_f16x2(a8[i]);
             kf.x[3] = fp8x2_to_f16x2(a8[i] >> 16);
-            mma<DT>(sc[n], qa[4 * h + i], kf);
+            mma<DT>(sc[n], qop(4 * h + i), kf);
           }
         }
 #endif
@@ -371,7 +427,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
             const unsigned char* p = reinterpret_cast<const unsigned char*>(ks) + kbyte(16 * n + i, 16 * kt + j);
             kf.x[k] = fp8x2_to_f16x2((u32)p[0] | ((u32)p[1] << 8));
           }
-          mma<DT>(sc[n], qa[kt], kf);
+          mma<DT>(sc[n], qop(kt), kf);
         }
       }
     }
@@ -497,17 +553,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     }
   };
 
-  const int nchunks = (vcount + CHUNK - 1) / CHUNK;
   if (nchunks > 0) {
-#pragma unroll
-    for (int c = 0; c < NST - 1; ++c) {
-      if (c < nchunks) {
-        lookup(c);
-        issue(c);
-      }
-      atom::copy_commit();
-    }
-    lookup(NST - 1);
     for (int c = 0; c < nchunks; ++c) {
       if (c + NST - 1 < nchunks) issue(c + NST - 1);
       atom::copy_commit();
@@ -565,8 +611,18 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       lsum += sm_l[ww * M + r] * a;
       ov += sm_o[(ww * M + r) * D + d] * a;
     }
-    const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + g * group + hh;
-    o_partial[row * D + d] = lsum > 0.f ? ov / lsum : 0.f;
-    if (d == 0) lse_partial[row] = lsum > 0.f ? (mr + atom::log2_(lsum)) * 0.6931471805599453f : NEG_INF;
+    const float o_val = lsum > 0.f ? ov / lsum : 0.f;
+    const float lse = lsum > 0.f ? (mr + atom::log2_(lsum)) * 0.6931471805599453f : NEG_INF;
+    const int h = g * group + hh;
+    if (out != nullptr) {
+      // One split: this is the answer (the combine's sink factor sigmoid(lse - sink) included).
+      const float w = sinks != nullptr && lsum > 0.f ? 1.f / (1.f + atom::exp_(sinks[h] - lse)) : 1.f;
+      out[(long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d] = atom::from_f32(QT{}, o_val * w);
+      if (d == 0 && lse_out != nullptr) lse_out[(long long)(q0 + t) * num_q_heads + h] = lse;
+    } else {
+      const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + h;
+      o_partial[row * D + d] = o_val;
+      if (d == 0) lse_partial[row] = lse;
+    }
   }
 }

@@ -1,0 +1,236 @@
+"""`python -m bench.decode_profile`: where the decode time goes, kernel by kernel.
+
+`kernels`: torch.profiler device times of every kernel of one decode step (split kernel, combine)
+and of SDPA cuDNN on dense KV, per issue-6 shape; the read-only bandwidth of a large reduction
+as a second ceiling; pages in order vs shuffled. `one --case C --shape BxN`: run one case a few
+times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+from bench.decode import HK, HQ, D, SHAPES, bench_ms, build, kv_bytes, run_ours, sdpa_fns, copy_bandwidth
+from atom_backend.kernels import platform_for
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
+
+
+def planned_splits(b, ctx):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=16)
+    return decode_splits(b, ctx, facts, platform_for("sm_90a", num_sms=sms, use_tables=False), PlannerConfig())
+
+
+def case_fn(case, b, ctx, splits=None, sequential=False):
+    if case == "cudnn":
+        return sdpa_fns(b, ctx)["sdpa_cudnn"], None
+    kv = {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[case]
+    c = build(b, ctx, kv)
+    if sequential:
+        c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
+    s = splits or planned_splits(b, ctx)
+    return run_ours(c, s), c
+
+
+def kernel_times(fn, reps=20):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    acc = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            acc[e.name[:60]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    return {k: v / reps for k, v in acc.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "warps"))
+    ap.add_argument("--case", default="bf16")
+    ap.add_argument("--shape", default="64x4096")
+    ap.add_argument("--splits", type=int, default=0)
+    ap.add_argument("--sequential", action="store_true")
+    args = ap.parse_args(argv)
+    if args.mode == "variants":
+        return variants()
+    if args.mode == "host":
+        return host()
+    if args.mode == "layout":
+        return layout()
+    if args.mode == "warps":
+        return warps()
+    if args.mode == "one":
+        b, ctx = (int(x) for x in args.shape.split("x"))
+        fn, _ = case_fn(args.case, b, ctx, args.splits or None, args.sequential)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        return
+    bw = copy_bandwidth()
+    x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    ms = bench_ms(lambda: x.sum())
+    print(f"# copy {bw / 1e9:.0f} GB/s; read-only (bf16 sum of 2 GiB) {2 * x.numel() / ms / 1e6:.0f} GB/s")
+    del x
+    for b, ctx in SHAPES:
+        s = planned_splits(b, ctx)
+        for case in ("cudnn", "bf16", "fp8t", "fp8p"):
+            fn, c = case_fn(case, b, ctx)
+            t = bench_ms(fn)
+            ks = kernel_times(fn)
+            ks_s = ", ".join(f"{k}: {v:.1f}" for k, v in sorted(ks.items(), key=lambda kv: -kv[1]))
+            nbytes = kv_bytes(b, ctx, 2 if case in ("cudnn", "bf16") else 1)
+            print(f"{b}x{ctx} {case:6s} S={s:<3d} do_bench {t * 1e3:7.1f} us ({nbytes / t / 1e6 / (bw / 1e9) * 100:5.1f}% copy) | kernels us: {ks_s}", flush=True)
+            del fn, c
+            torch.cuda.empty_cache()
+        fn, c = case_fn("bf16", b, ctx, sequential=True)
+        print(f"{b}x{ctx} bf16 pages in order: {bench_ms(fn) * 1e3:7.1f} us", flush=True)
+        del fn, c
+        torch.cuda.empty_cache()
+
+
+def host():
+    """Host time of one decode call and of its parts (small shape: the GPU never holds the host
+    back), in microseconds per call."""
+    import time
+
+    from hip_kernels import combine, decode
+
+    c = build(4, 512, "bf16")
+
+    def per_call(fn, n=2000):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return dt / n * 1e6
+
+    for s in (1, 4):
+        print(f"# host: splitkv_decode S={s}: {per_call(run_ours(c, s)):.1f} us/call")
+    o, lse = decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=4)
+    out = torch.empty_like(c["q"])
+    print(f"# host: combine alone: {per_call(lambda: combine.combine(o, lse, out)):.1f} us/call")
+    print(f"# host: _validate: {per_call(lambda: decode._validate(c['q'], c['k'], c['v'], c['cu'], c['sl'], c['bt'], None, None, 1, 4, 0, 0, 0.0, None, None, None, None, None)):.1f} us/call")
+    print(f"# host: torch.empty (workspace): {per_call(lambda: torch.empty(1 << 20, device='cuda')):.1f} us/call")
+    print(f"# host: current_stream: {per_call(lambda: torch.cuda.current_stream(0).cuda_stream):.1f} us/call")
+
+
+def layout():
+    """The same decode (bf16, planner splits) over differently laid-out caches: page size, pages
+    shuffled or in order, token-major (NHD, vLLM's) or head-major (HND) pages. The last row of each
+    shape is one page per request, head-major: the dense [B, H, S, D] layout SDPA reads."""
+    from hip_kernels import decode
+
+    bw = copy_bandwidth()
+    for b, ctx in ((64, 4096), (1, 131072)):
+        s = planned_splits(b, ctx)
+        t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
+        print(f"{b}x{ctx} S={s} cudnn {t_cudnn * 1e3:.1f} us", flush=True)
+        torch.cuda.empty_cache()
+        for bs, order, hnd in ((16, "shuffled", False), (16, "shuffled", True), (16, "in order", False),
+                               (16, "in order", True), (64, "shuffled", True), (256, "shuffled", True),
+                               (ctx, "in order", True)):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            npages = -(-ctx // bs)
+            nb = b * npages + 1
+            shape = (nb, HK, bs, D) if hnd else (nb, bs, HK, D)
+            k = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+            if hnd:
+                k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+            ids = torch.randperm(nb, device="cuda", generator=g) if order == "shuffled" else torch.arange(nb, device="cuda")
+            bt = ids[: b * npages].to(torch.int32).view(b, npages)
+            q = torch.randn((b, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
+            cu = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+            sl = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+            out = torch.empty_like(q)
+            ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
+            fn = lambda: decode.splitkv_decode(q, k, v, cu, sl, bt, max_query_len=1, num_splits=s, out=out,
+                                               workspace=ws)
+            t = bench_ms(fn)
+            print(f"{b}x{ctx} page {bs:6d} {order:8s} {'HND' if hnd else 'NHD'} {t * 1e3:7.1f} us"
+                  f"  {kv_bytes(b, ctx, 2) / t / 1e6 / (bw / 1e9) * 100:5.1f}% copy  vs cudnn {t_cudnn / t:5.3f}x",
+                  flush=True)
+            del k, v, fn
+            torch.cuda.empty_cache()
+
+
+def warps():
+    """Warps per CTA (2 / 4 / 8 at 4 / 2 / 1 CTAs per SM) at whole-wave splits, split + combine."""
+    from atom_backend.planner import whole_wave_splits
+    from hip_kernels import combine, decode
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for b, ctx in SHAPES:
+        t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
+        print(f"{b}x{ctx} cudnn {t_cudnn * 1e3:.1f} us", flush=True)
+        torch.cuda.empty_cache()
+        for kv in ("bf16", "fp8t"):
+            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor"}[kv])
+            ref_out = None
+            for nw, per_sm in ((4, 2), (2, 4), (8, 1)):
+                for s in sorted({whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256))),
+                                 whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256)), 90)}):
+                    ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
+                    out = torch.empty_like(c["q"])
+
+                    def fn():
+                        o, l = decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"],
+                                                       max_query_len=1, num_splits=s, workspace=ws, impl="mma",
+                                                       _tune={"NUM_WARPS": nw}, **c["scales"])
+                        combine.combine(o, l, out)
+                    t = bench_ms(fn)
+                    out.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    if ref_out is None:
+                        ref_out = out.clone()
+                    err = float((out.float() - ref_out.float()).abs().max())
+                    print(f"{b}x{ctx} {kv:5s} warps {nw} S={s:<3d} {t * 1e3:7.1f} us  vs cudnn {t_cudnn / t:5.3f}x"
+                          f"  maxdiff {err:.3g}", flush=True)
+            del c
+            torch.cuda.empty_cache()
+
+
+def variants():
+    """The default kernel at several split counts per shape (CUDA-graph replays, combine included
+    where S > 1), beside SDPA cuDNN; then where the host time of one splitkv_decode call goes."""
+    import cProfile
+    import pstats
+
+    from hip_kernels import decode
+
+    bw = copy_bandwidth()
+    print(f"# copy {bw / 1e9:.0f} GB/s; times: CUDA-graph replays, do_bench medians (us)")
+    sweep = {(64, 4096): (1, 2, 3), (8, 32768): (4, 5, 33), (1, 131072): (32, 33)}
+    for b, ctx in SHAPES:
+        t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
+        print(f"{b}x{ctx} cudnn {t_cudnn * 1e3:.1f}", flush=True)
+        torch.cuda.empty_cache()
+        for kv in ("bf16", "fp8t", "fp8p"):
+            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            for s in sweep[(b, ctx)]:
+                t = bench_ms(run_ours(c, s))
+                nbytes = kv_bytes(b, ctx, 2 if kv == "bf16" else 1)
+                print(f"{b}x{ctx} {kv:5s} S={s:<3d} {t * 1e3:7.1f} us {nbytes / t / 1e6 / (bw / 1e9) * 100:5.1f}% copy"
+                      f"  vs cudnn {t_cudnn / t:5.3f}x", flush=True)
+            del c
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
