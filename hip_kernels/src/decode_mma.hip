@@ -267,8 +267,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const long long page_bytes = v_role ? v_page_bytes : k_page_bytes;
   const long long tok_bytes = v_role ? v_tok_bytes : k_tok_bytes;
   const float* descale = v_role ? v_descale : k_descale;
-  long long off = -1;
-  int fidx = 0;
+  long long off = -1, fidx = 0;
   auto lookup = [&](int c) {
     const int v = c * CHUNK + warp * KPW + role_key;
     off = -1;
@@ -277,7 +276,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       const int lp = (int)div_magic((unsigned int)j, bs_magic, bs_shift);
       const int p = imin(imax(table[lp], 0), num_blocks - 1);
       off = (long long)p * page_bytes + (long long)(j - lp * block_size) * tok_bytes;
-      fidx = p * num_kv_heads + g;
+      fidx = (long long)p * num_kv_heads + g;
     }
   };
   auto issue = [&](int c) {
