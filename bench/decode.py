@@ -38,16 +38,10 @@ def bench_ms(fn) -> float:
 
 
 def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    a.random_(0, 255)
-    b = torch.empty_like(a)
-    from triton.testing import do_bench
+    """Device-to-device copy, bytes read + written per second (bench.common)."""
+    from bench.common import copy_bandwidth_gbs
 
-    ms = float(do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median"))
-    del a, b
-    return 2 * n / (ms * 1e-3)
+    return copy_bandwidth_gbs() * 1e9
 
 
 def build(batch: int, ctx: int, kv: str, seed: int = 0):

@@ -91,6 +91,16 @@ def _mma_smem_bytes(variant) -> int:
     return MMA_ROWS * d * 2 + max(ring, merge)
 
 
+def _mma_threads(variant, device) -> int:
+    """Threads per CTA of a decode_mma.hip variant: its NUM_WARPS warps."""
+    return _mma_warps(variant) * _warp_size(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _mma_warps(variant) -> int:
+    return int(dict(variant.defines)["NUM_WARPS"])
+
+
 def variants() -> list:
     """Every variant splitkv_decode can request (CI compiles them all for every arch)."""
     out = []
@@ -363,8 +373,7 @@ def _split_kernel(
         out, lse_out, sinks = final if direct else (None, None, None)
         args = head + [mkf, mvf, o_part, lse_part, out, out.stride(0) if direct else 0, out.stride(1) if direct else 0,
                        lse_out, sinks, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail
-        warps = int(dict(var.defines)["NUM_WARPS"]) if _tune else MMA_WARPS
-        _launch(var, (hk * row_blocks, batch, num_splits), (warps * _warp_size(q.device), 1, 1), args,
+        _launch(var, (hk * row_blocks, batch, num_splits), (_mma_threads(var, q.device), 1, 1), args,
                 shared_mem=_mma_smem_bytes(var))
         return o_part, lse_part, direct
     _, row_blocks = _pick_rows(max_query_len * group, kv_code)
@@ -400,7 +409,8 @@ def splitkv_decode(
 
     Returns `out` [total_q, num_q_heads, head_dim] in q's dtype (allocated when None); `lse_out`
     [total_q, num_q_heads] float32, when given, receives the log-sum-exp without the sinks.
-    Rows of q past cu_seqlens_q[-1] (graph padding) are left as the combine leaves them.
+    Rows of q past cu_seqlens_q[-1] (graph padding) are unspecified: the combine writes them from
+    the workspace, one split on the tensor-core kernel leaves them untouched.
     """
     if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 3:
         if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],):

@@ -255,23 +255,9 @@ ATOM_DEV void store16_stream(void* p, const u32x4& v) {
 // (correct, not overlapped), and commit / wait are no-ops.
 // ---------------------------------------------------------------------------------------------
 #if ATOM_NVIDIA
-// ATOM_CP_L2_PREFETCH (0, 64, 128, 256): ask L2 to fetch that many bytes around each copy.
-#ifndef ATOM_CP_L2_PREFETCH
-#define ATOM_CP_L2_PREFETCH 0
-#endif
-#if ATOM_CP_L2_PREFETCH == 256
-#define ATOM_CP_L2_HINT ".L2::256B"
-#elif ATOM_CP_L2_PREFETCH == 128
-#define ATOM_CP_L2_HINT ".L2::128B"
-#elif ATOM_CP_L2_PREFETCH == 64
-#define ATOM_CP_L2_HINT ".L2::64B"
-#else
-#define ATOM_CP_L2_HINT ""
-#endif
 ATOM_DEV void copy16_async(void* smem_dst, const void* gsrc, bool pred) {
   const u32 d = (u32)__cvta_generic_to_shared(smem_dst);
-  asm volatile("cp.async.cg.shared.global" ATOM_CP_L2_HINT " [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gsrc),
-               "r"(pred ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gsrc), "r"(pred ? 16 : 0));
 }
 ATOM_DEV void copy4_async(void* smem_dst, const void* gsrc, bool pred) {
   const u32 d = (u32)__cvta_generic_to_shared(smem_dst);

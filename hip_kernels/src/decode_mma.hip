@@ -26,7 +26,7 @@
 //
 // Defines: HEAD_DIM (64|128|256), Q_DTYPE (0 bf16, 1 fp16), KV_DTYPE (0 bf16, 1 fp16, 2 e4m3fn,
 //          3 e4m3fnuz), NUM_WARPS (4); tuning: KTILES (16-key tiles per warp per chunk), STAGES,
-//          QSMEM (Q fragments re-read from shared memory), MIN_CTAS (CTAs per SM the registers allow).
+//          MIN_CTAS (CTAs per SM the registers allow).
 // Dynamic shared memory: smem_bytes() below; hip_kernels/decode.py mirrors it (_mma_smem_bytes).
 
 #include "atom_mma.h"
@@ -42,9 +42,6 @@
 #endif
 #ifndef NUM_WARPS
 #define NUM_WARPS 4
-#endif
-#ifndef QSMEM
-#define QSMEM 0
 #endif
 
 namespace atom_dmma {
@@ -340,33 +337,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       atom::mma::load_rows<D>(qa[kt], qs, 0, 16 * kt);
     }
   }
-#if QSMEM
-  // Q fragments parked in shared memory (over the staged Q, lane-major: one 16-byte load per
-  // tile on mma.sync) and re-read per use: 32 registers fewer across the loop.
-  static_assert(KT * WARP * op_t::ne * 4 == Q_BYTES, "fragments fill the Q area exactly");
-  u32* qfr = reinterpret_cast<u32*>(smem);
-  atom::sync_block();  // every warp has built its fragments from the staged Q
-  if (warp == 0) {
-#pragma unroll
-    for (int kt = 0; kt < KT; ++kt)
-#pragma unroll
-      for (int k = 0; k < op_t::ne; ++k) qfr[(kt * WARP + lane) * op_t::ne + k] = qa[kt].x[k];
-  }
-  atom::sync_block();
-  auto qop = [&](int kt) {
-    op_t f;
-    if constexpr (op_t::ne == 4) {
-      const u32x4 w = atom::load16(qfr + (kt * WARP + lane) * 4);
-      f.x[0] = w.x, f.x[1] = w.y, f.x[2] = w.z, f.x[3] = w.w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < op_t::ne; ++k) f.x[k] = qfr[(kt * WARP + lane) * op_t::ne + k];
-    }
-    return f;
-  };
-#else
-  auto qop = [&](int kt) -> const op_t& { return qa[kt]; };
-#endif
   acc_t o[KT];
 #pragma unroll
   for (int T = 0; T < KT; ++T) atom::mma::zero(o[T]);
@@ -393,7 +363,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         for (int kt = 0; kt < KT; ++kt) {
           op_t kf;
           atom::mma::load_rows<D>(kf, reinterpret_cast<const u16*>(ks), 16 * n, 16 * kt);
-          mma<DT>(sc[n], qop(kt), kf);
+          mma<DT>(sc[n], qa[kt], kf);
         }
       } else if constexpr (PERM) {
 #if ATOM_MMA_SYNC
@@ -411,7 +381,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
             kf.x[2] = fp8x2_to_f16x2(a0[i] >> 16);
             kf.x[1] = fp8x2_to_f16x2(a8[i]);
             kf.x[3] = fp8x2_to_f16x2(a8[i] >> 16);
-            mma<DT>(sc[n], qop(4 * h + i), kf);
+            mma<DT>(sc[n], qa[4 * h + i], kf);
           }
         }
 #endif
@@ -426,7 +396,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
             const unsigned char* p = reinterpret_cast<const unsigned char*>(ks) + kbyte(16 * n + i, 16 * kt + j);
             kf.x[k] = fp8x2_to_f16x2((u32)p[0] | ((u32)p[1] << 8));
           }
-          mma<DT>(sc[n], qop(kt), kf);
+          mma<DT>(sc[n], qa[kt], kf);
         }
       }
     }
