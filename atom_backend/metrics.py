@@ -39,7 +39,7 @@ PHASE_PATHS = (("prefill", "varlen"), ("prefill", "unified"), ("decode", "splitk
 KERNEL_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 # The planner costs ~10 us for 256 requests (bench/planner.py); the tail catches GC pauses.
 PLANNER_BUCKETS = (2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2)
-# ATOM_MAX_SPLITS defaults to 32; powers of two, since that is how the split count moves.
+# ATOM_MAX_SPLITS defaults to 64; powers of two, since that is how the split count moves.
 SPLIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 # A burst of sampled launches whose events nobody reads (e.g. no later batch) must not grow

@@ -126,7 +126,9 @@ class Platform:
     cost: object | None = None
     # Split-KV CTAs resident per SM (H100, tensor-core decode kernel at head_dim 128: register
     # and shared-memory bound, hip_kernels.decode.MMA_CTAS_PER_SM); sizes the decode waves.
+    # 16-bit KV: 4-warp CTAs, 2 per SM; FP8 KV: 2-warp CTAs, 4 per SM.
     decode_ctas_per_sm: int = 2
+    decode_ctas_per_sm_fp8: int = 4
 
 
 def reduce_layer_windows(windows) -> tuple:
@@ -162,7 +164,7 @@ class PlannerConfig:
     decode_max_query_tokens: int = 1  # ATOM_DECODE_MAX_QUERY_TOKENS (<= 8: speculative decode)
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
-    max_splits: int = 32  # ATOM_MAX_SPLITS: cap (past 32 the combine costs more than it gains)
+    max_splits: int = 64  # ATOM_MAX_SPLITS: cap (one FP8 request of 128k fills its 4 CTAs per SM at 64)
     min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
     wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
@@ -189,7 +191,7 @@ class PlannerConfig:
             decode_max_query_tokens=_env_int(env, "ATOM_DECODE_MAX_QUERY_TOKENS", 1),
             varlen_min_new_tokens=_env_int(env, "ATOM_VARLEN_MIN_NEW_TOKENS", 8),
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
-            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 32),
+            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
             cost_routing=env.get("ATOM_COST_ROUTING", "1").strip().lower() not in ("0", "false", "no", "off"),
@@ -302,16 +304,16 @@ def decode_splits(
     num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
 ) -> int:
     """Splits per decode request: the fewest that fill the last wave of split-KV CTAs (whole
-    waves of num_sms x decode_ctas_per_sm), none shorter than `min_split_tokens` visible keys,
-    at most `max_splits` (past 32 the combine costs more than a fuller wave gains). One count for
-    the whole batch keeps the grid and the workspace shape fixed (CUDA graphs)."""
+    waves of num_sms x the CTAs per SM of the KV dtype's kernel), none shorter than
+    `min_split_tokens` visible keys, at most `max_splits`. One count for the whole batch keeps
+    the grid and the workspace shape fixed (CUDA graphs)."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # keys outside the window are skipped, not split
         max_context = min(max_context, facts.window + facts.sink_tokens)
     cap = max(1, min(config.max_splits, max_context // config.min_split_tokens))
-    return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * platform.decode_ctas_per_sm,
-                             cap, config.wave_fill)
+    per_sm = platform.decode_ctas_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_ctas_per_sm
+    return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * per_sm, cap, config.wave_fill)
 
 
 def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float]) -> np.ndarray:

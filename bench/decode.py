@@ -177,15 +177,12 @@ def main(argv=None) -> None:
     arch = "sm_%d%d" % (props.major, props.minor) + ("a" if props.major == 9 else "")
     default_impl = decode.choose_impl(arch, D, 0)
 
-    def sug(b, ctx, impl):  # the planner's whole-wave rule, in the chosen kernel's CTAs per SM
-        per_sm = decode.MMA_CTAS_PER_SM if impl == "mma" else decode._CTAS_PER_SM[4]
-        return whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256)))
+    def sug(b, ctx, impl, elem):  # the planner's whole-wave rule, in the given kernel's CTAs per SM
+        per_sm = decode.MMA_CTAS_PER_SM[elem] if impl == "mma" else decode._CTAS_PER_SM[4]
+        return whole_wave_splits(b * HK, sms * per_sm, max(1, min(cfg.max_splits, ctx // 256)))
 
     for shape in shapes:
         b, ctx = shape
-        facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS)
-        planned = decode_splits(b, ctx, facts, platform, cfg)
-        suggested = sug(b, ctx, default_impl)
         peers = {}
         for name, fn in sdpa_fns(b, ctx).items():
             peers[name] = record(name, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, ctx, 2))
@@ -197,18 +194,20 @@ def main(argv=None) -> None:
             nbytes = kv_bytes(b, ctx, elem)
             if kv == "fp8_page":
                 nbytes += 2 * b * -(-ctx // BS) * HK * 4
+            facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS,
+                               kv_dtype="bf16" if elem == 2 else "fp8_e4m3",
+                               kv_scale_mode={"bf16": "none", "fp8_tensor": "per_tensor", "fp8_page": "per_page"}[kv])
+            planned = decode_splits(b, ctx, facts, platform, cfg)
             ours[kv] = record("ours", shape, kv, planned, bench_ms(run_ours(c, planned)), nbytes, "planned")
-            ours[kv + "_sug"] = record("ours", shape, kv, suggested, bench_ms(run_ours(c, suggested)), nbytes,
-                                       "suggest_num_splits")
             if args.compare:
                 other = "fma" if default_impl == "mma" else "mma"
-                so = sug(b, ctx, other)
+                so = sug(b, ctx, other, elem)
                 ours[kv + "_" + other] = record("ours_" + other, shape, kv, so, bench_ms(run_ours(c, so, impl=other)),
                                                 nbytes, "suggested for " + other)
             if args.mma_tune:
                 tunes = [{"KTILES": 1, "STAGES": 2}, {"KTILES": 1, "STAGES": 3}, {"KTILES": 1, "STAGES": 4},
                          {"KTILES": 2, "STAGES": 2}]
-                sm = sug(b, ctx, "mma")
+                sm = sug(b, ctx, "mma", elem)
                 for t in tunes:
                     if kv == "bf16" and t["KTILES"] * t["STAGES"] > 4:
                         continue  # over the shared memory of one SM at 2 CTAs
@@ -217,15 +216,15 @@ def main(argv=None) -> None:
                                bench_ms(run_ours(c, s_, tune=t, with_combine=False, impl="mma")), nbytes, json.dumps(t))
             if args.sweep:
                 for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
-                    if s not in (planned, suggested) and b * HK * s <= 16 * sms * 8:
+                    if s != planned and b * HK * s <= 16 * sms * 8:
                         record("ours_sweep", shape, kv, s, bench_ms(run_ours(c, s)), nbytes)
             if args.tune:
                 tunes = ([{"UNROLL": 2, "STAGES": 4}, {"UNROLL": 4, "STAGES": 3}, {"UNROLL": 3, "STAGES": 3}] if kv == "bf16"
                          else [{"UNROLL": 4, "STAGES": 3}, {"UNROLL": 2, "STAGES": 6}])
                 for t in tunes:
-                    record("ours_partials", shape, kv, suggested,
-                           bench_ms(run_ours(c, suggested, tune=t, with_combine=False)), nbytes, json.dumps(t))
-                record("ours_partials", shape, kv, suggested, bench_ms(run_ours(c, suggested, with_combine=False)),
+                    record("ours_partials", shape, kv, planned,
+                           bench_ms(run_ours(c, planned, tune=t, with_combine=False)), nbytes, json.dumps(t))
+                record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)),
                        nbytes, "default")
             if kv == "bf16":
                 tf = triton_fn(c, planned)
@@ -233,21 +232,21 @@ def main(argv=None) -> None:
                     peers["triton_unified"] = record("triton_unified", shape, kv, planned, bench_ms(tf), nbytes)
             del c
             torch.cuda.empty_cache()
-        summary.append((shape, planned, suggested, ours, peers))
+        summary.append((shape, ours, peers))
 
-    print("\n# summary: time ratios are peer time / our time; fp8 x = bf16 time / fp8 time (same splits)")
-    print(f"{'shape':>12} {'S plan':>6} {'bf16 us':>8} {'%copy':>6} {'S sug':>5} {'bf16 us':>8} {'%copy':>6} "
-          f"{'fp8 x':>6} {'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9}")
-    for shape, planned, suggested, ours, peers in summary:
-        bp, bs_ = ours["bf16"], ours["bf16_sug"]
+    print("\n# summary (planner's splits per KV dtype): time ratios are peer time / our time; "
+          "fp8 x = bf16 time / fp8 time")
+    print(f"{'shape':>12} {'S':>3} {'bf16 us':>8} {'%copy':>6} {'S8':>3} {'fp8 us':>7} {'fp8 x':>6} {'fp8pg us':>8} "
+          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9}")
+    for shape, ours, peers in summary:
+        bp, ft, fp = ours["bf16"], ours["fp8_tensor"], ours["fp8_page"]
         ratio = []
         for n in ("sdpa_cudnn", "sdpa_flash", "triton_unified"):
             key = n if n in peers else (n + "_expanded" if n + "_expanded" in peers else None)
-            ratio.append(f"{peers[key]['ms'] / bs_['ms']:.2f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
-        print(f"{shape[0]:>4}x{shape[1]:<7} {planned:>6} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
-              f"{suggested:>5} {bs_['ms'] * 1e3:8.1f} {100 * bs_['frac_copy']:6.1f} "
-              f"{bs_['ms'] / ours['fp8_tensor_sug']['ms']:6.2f} {bs_['ms'] / ours['fp8_page_sug']['ms']:7.2f} "
-              + " ".join(f"{r:>9}" for r in ratio))
+            ratio.append(f"{peers[key]['ms'] / bp['ms']:.3f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
+        print(f"{shape[0]:>4}x{shape[1]:<7} {bp['splits']:>3} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
+              f"{ft['splits']:>3} {ft['ms'] * 1e3:7.1f} {bp['ms'] / ft['ms']:6.2f} {fp['ms'] * 1e3:8.1f} "
+              f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)

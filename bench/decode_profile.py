@@ -18,9 +18,10 @@ from atom_backend.kernels import platform_for
 from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
 
 
-def planned_splits(b, ctx):
+def planned_splits(b, ctx, case="bf16"):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=16)
+    kv, mode = {"bf16": ("bf16", "none"), "fp8t": ("fp8_e4m3", "per_tensor"), "fp8p": ("fp8_e4m3", "per_page")}[case]
+    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=16, kv_dtype=kv, kv_scale_mode=mode)
     return decode_splits(b, ctx, facts, platform_for("sm_90a", num_sms=sms, use_tables=False), PlannerConfig())
 
 
@@ -31,7 +32,7 @@ def case_fn(case, b, ctx, splits=None, sequential=False):
     c = build(b, ctx, kv)
     if sequential:
         c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
-    s = splits or planned_splits(b, ctx)
+    s = splits or planned_splits(b, ctx, case)
     return run_ours(c, s), c
 
 
@@ -53,7 +54,10 @@ def kernel_times(fn, reps=20):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "warps"))
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "tunes"))
+    ap.add_argument("--tunes", default='[{"NUM_WARPS": 2}, {"NUM_WARPS": 8}]', help="tunes: JSON list of defines")
+    ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
+    ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
     ap.add_argument("--case", default="bf16")
     ap.add_argument("--shape", default="64x4096")
     ap.add_argument("--splits", type=int, default=0)
@@ -65,8 +69,8 @@ def main(argv=None):
         return host()
     if args.mode == "layout":
         return layout()
-    if args.mode == "warps":
-        return warps()
+    if args.mode == "tunes":
+        return tunes(args.tunes, args.kv, args.sequential, args.shapes)
     if args.mode == "one":
         b, ctx = (int(x) for x in args.shape.split("x"))
         fn, _ = case_fn(args.case, b, ctx, args.splits or None, args.sequential)
@@ -169,39 +173,66 @@ def layout():
             torch.cuda.empty_cache()
 
 
-def warps():
-    """Warps per CTA (2 / 4 / 8 at 4 / 2 / 1 CTAs per SM) at whole-wave splits, split + combine."""
+def ctas_per_sm(tune, kv_code) -> int:
+    """The planner's CTAs per SM for the KV dtype (decode.MMA_CTAS_PER_SM), scaled by the
+    variant's warps against the default's."""
+    from hip_kernels import decode
+
+    base = decode._mma_variant(D, 0, kv_code)
+    warps = decode._mma_warps(decode._mma_variant(D, 0, kv_code, tune))
+    per_sm = decode.MMA_CTAS_PER_SM[1 if kv_code >= 2 else 2]
+    return max(1, per_sm * decode._mma_warps(base) // warps)
+
+
+def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = ""):
+    """Variants of the tensor-core kernel (`_tune` defines, JSON list) at the splits that fill
+    their own waves, split + combine as CUDA-graph replays, beside SDPA cuDNN; each output is
+    compared with the default kernel's on the same inputs (NaN-poisoned first). A ragged batch
+    (random lengths, partial chunks) checks the same agreement off the benchmark shapes."""
+    import json
+
     from atom_backend.planner import whole_wave_splits
-    from hip_kernels import combine, decode
+    from hip_kernels import decode
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for b, ctx in SHAPES:
-        t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
-        print(f"{b}x{ctx} cudnn {t_cudnn * 1e3:.1f} us", flush=True)
+    variants = [None] + json.loads(spec)
+    codes = {"bf16": 0, "fp8t": 2, "fp8p": 2}
+    shapes = [tuple(int(x) for x in t.split("x")) for t in shapes_arg.split(",")] if shapes_arg else list(SHAPES) + [(6, 3001)]
+    for b, ctx in shapes:
+        ragged = (b, ctx) == (6, 3001)
+        t_cudnn = None if ragged else bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
+        print(f"{b}x{ctx} cudnn {t_cudnn * 1e3 if t_cudnn else 0:.1f} us", flush=True)
         torch.cuda.empty_cache()
-        for kv in ("bf16", "fp8t"):
-            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor"}[kv])
+        for kv in kvs.split(","):
+            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            if ragged:
+                c["sl"] = torch.tensor([1, 16, 17, 700, 2048, ctx], dtype=torch.int32, device="cuda")
+            if sequential:
+                c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
             ref_out = None
-            for nw, per_sm in ((4, 2), (2, 4), (8, 1)):
-                for s in sorted({whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256))),
-                                 whole_wave_splits(b * HK, sms * per_sm, max(1, min(32, ctx // 256)), 90)}):
-                    ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
-                    out = torch.empty_like(c["q"])
+            for tune in variants:
+                per_sm = ctas_per_sm(tune, codes[kv])
+                s = 3 if ragged else whole_wave_splits(b * HK, sms * per_sm, max(1, min(64, ctx // 256)))
+                ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
+                out = torch.empty_like(c["q"])
 
-                    def fn():
-                        o, l = decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"],
-                                                       max_query_len=1, num_splits=s, workspace=ws, impl="mma",
-                                                       _tune={"NUM_WARPS": nw}, **c["scales"])
-                        combine.combine(o, l, out)
-                    t = bench_ms(fn)
-                    out.fill_(float("nan"))
-                    fn()
-                    torch.cuda.synchronize()
-                    if ref_out is None:
-                        ref_out = out.clone()
-                    err = float((out.float() - ref_out.float()).abs().max())
-                    print(f"{b}x{ctx} {kv:5s} warps {nw} S={s:<3d} {t * 1e3:7.1f} us  vs cudnn {t_cudnn / t:5.3f}x"
-                          f"  maxdiff {err:.3g}", flush=True)
+                def fn():
+                    o, l, _ = decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"],
+                                                   max_query_len=1, num_splits=s, workspace=ws, impl="mma",
+                                                   _tune=tune, **c["scales"])
+                    from hip_kernels.combine import combine
+                    combine(o, l, out)
+                t = bench_ms(fn)
+                out.fill_(float("nan"))
+                ws.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                if ref_out is None:
+                    ref_out = out.clone()
+                err = float((out.float() - ref_out.float()).abs().nan_to_num(float("inf")).max())
+                vs = f"vs cudnn {t_cudnn / t:5.3f}x" if t_cudnn else ""
+                print(f"{b}x{ctx} {kv:5s} {json.dumps(tune or {}):40s} {per_sm}/SM S={s:<3d} {t * 1e3:7.1f} us  {vs}"
+                      f"  maxdiff vs default {err:.3g}", flush=True)
             del c
             torch.cuda.empty_cache()
 

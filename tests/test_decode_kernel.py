@@ -486,7 +486,8 @@ def test_mma_smem_mirror_and_impl_choice():
     # Q 16 x 128 bf16 + 4 warps x 2 stages x (K + V of 16 keys of 256 bytes)
     assert decode._mma_smem_bytes(v) == 16 * 128 * 2 + 4 * 2 * 2 * 16 * 256
     v8 = decode._mma_variant(128, 0, 2)
-    assert decode._mma_smem_bytes(v8) == 16 * 128 * 2 + 4 * 3 * (2 * 16 * 128 + 2 * 16 * 4)
+    # FP8: 2 warps x 3 stages x (K + V of 16 keys of 128 bytes + their per-page factors)
+    assert decode._mma_smem_bytes(v8) == 16 * 128 * 2 + 2 * 3 * (2 * 16 * 128 + 2 * 16 * 4)
     assert decode.choose_impl("sm_90a", 128, 2) == "mma"
     assert decode.choose_impl("sm_75", 128, 0) == "fma"
     assert decode.choose_impl("sm_90a", 256, 0) == "fma"

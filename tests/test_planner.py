@@ -178,20 +178,34 @@ def test_every_request_routed_once_and_deterministically(reqs, force, facts):
     assert p.decode_path in (Path.SPLITKV, Path.UNIFIED)
 
 
-@pytest.mark.parametrize("batch, ctx, per_sm, want", [
-    (64, 4096, 2, 1),      # 512 CTAs on 264 slots: 1.94 waves, already >= 95% full
-    (8, 32768, 2, 4),      # docs/perf/decode.md: 4 splits (381 us) beat the old rule's 5 (450 us)
-    (1, 131072, 2, 32),    # capped: past 32 the combine costs more than the fuller wave gains
-    (64, 4096, 3, 3),      # CUDA-core kernel, 3 CTAs per SM: 3 splits (398 us) vs 1 (515 us)
-    (1, 100, 2, 1),        # too short to split
+@pytest.mark.parametrize("batch, ctx, kv, per_sm, want", [
+    (64, 4096, "bf16", 2, 1),       # 512 CTAs on 264 slots: 1.94 waves, already >= 95% full
+    (8, 32768, "bf16", 2, 4),       # docs/perf/decode.md: 4 splits (381 us) beat the old rule's 5 (450 us)
+    (1, 131072, "bf16", 2, 32),     # 256 CTAs on 264 slots
+    (64, 4096, "bf16", 3, 3),       # CUDA-core kernel, 3 CTAs per SM: 3 splits (398 us) vs 1 (515 us)
+    (1, 100, "bf16", 2, 1),         # too short to split
+    (64, 4096, "fp8_e4m3", 4, 1),   # 2-warp FP8 CTAs, 4 per SM: 512 CTAs on 528 slots
+    (8, 32768, "fp8_e4m3", 4, 8),   # docs/perf/decode.md: 219.5 us at 8 splits
+    (1, 131072, "fp8_e4m3", 4, 63), # 504 of 528 slots; at 32 splits half idle (152.9 vs 126.0 us at 64)
 ])
-def test_decode_splits_fill_whole_waves(batch, ctx, per_sm, want):
-    facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
-    platform = Platform(num_sms=132, decode_ctas_per_sm=per_sm)
+def test_decode_splits_fill_whole_waves(batch, ctx, kv, per_sm, want):
+    fp8 = kv.startswith("fp8")
+    facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype=kv,
+                       kv_scale_mode="per_tensor" if fp8 else "none")
+    platform = Platform(num_sms=132, **{"decode_ctas_per_sm_fp8" if fp8 else "decode_ctas_per_sm": per_sm})
     s = decode_splits(batch, ctx, facts, platform, PlannerConfig())
     assert s == want
     waves = batch * 8 * s / (132 * per_sm)
-    assert s == min(32, max(1, ctx // 256)) or waves / math.ceil(waves) >= 0.95
+    assert s == min(64, max(1, ctx // 256)) or waves / math.ceil(waves) >= 0.95
+
+
+def test_decode_splits_count_fp8_ctas_per_sm():
+    """The same batch gets more splits with FP8 KV: its CTAs are half as wide, twice as many fit."""
+    bf16 = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
+    fp8 = replace(bf16, kv_dtype="fp8_e4m3", kv_scale_mode="per_page")
+    platform = Platform(num_sms=132)
+    assert (platform.decode_ctas_per_sm, platform.decode_ctas_per_sm_fp8) == (2, 4)
+    assert decode_splits(2, 65536, fp8, platform, PlannerConfig()) == 2 * decode_splits(2, 65536, bf16, platform, PlannerConfig())
 
 
 def test_whole_wave_splits_matches_the_definition():
