@@ -3,7 +3,10 @@
 `kernels`: torch.profiler device times of every kernel of one decode step (split kernel, combine)
 and of SDPA cuDNN on dense KV, per issue-6 shape; the read-only bandwidth of a large reduction
 as a second ceiling; pages in order vs shuffled. `one --case C --shape BxN`: run one case a few
-times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
+times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`. `tunes --tunes JSON`:
+variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DRY": 1}]') beside
+the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
+pages). `variants`, `host`, `layout`: split counts, host cost per call, cache layouts.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def main(argv=None):
     ap.add_argument("--tunes", default='[{"NUM_WARPS": 2}, {"NUM_WARPS": 8}]', help="tunes: JSON list of defines")
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
+    ap.add_argument("--hnd", action="store_true", help="tunes: head-major pages")
     ap.add_argument("--case", default="bf16")
     ap.add_argument("--shape", default="64x4096")
     ap.add_argument("--splits", type=int, default=0)
@@ -70,7 +74,7 @@ def main(argv=None):
     if args.mode == "layout":
         return layout()
     if args.mode == "tunes":
-        return tunes(args.tunes, args.kv, args.sequential, args.shapes)
+        return tunes(args.tunes, args.kv, args.sequential, args.shapes, args.hnd)
     if args.mode == "one":
         b, ctx = (int(x) for x in args.shape.split("x"))
         fn, _ = case_fn(args.case, b, ctx, args.splits or None, args.sequential)
@@ -184,7 +188,7 @@ def ctas_per_sm(tune, kv_code) -> int:
     return max(1, per_sm * decode._mma_warps(base) // warps)
 
 
-def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = ""):
+def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):
     """Variants of the tensor-core kernel (`_tune` defines, JSON list) at the splits that fill
     their own waves, split + combine as CUDA-graph replays, beside SDPA cuDNN; each output is
     compared with the default kernel's on the same inputs (NaN-poisoned first). A ragged batch
@@ -209,6 +213,9 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = ""):
                 c["sl"] = torch.tensor([1, 16, 17, 700, 2048, ctx], dtype=torch.int32, device="cuda")
             if sequential:
                 c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
+            if hnd:  # head-major pages: a head's tokens of a page are one contiguous block
+                for name in ("k", "v"):
+                    c[name] = c[name].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
             ref_out = None
             for tune in variants:
                 per_sm = ctas_per_sm(tune, codes[kv])
