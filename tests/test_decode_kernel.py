@@ -494,6 +494,17 @@ def test_mma_smem_mirror_and_impl_choice():
     assert decode.choose_impl("gfx942", 64, 3) == "mma"
 
 
+def test_planner_ctas_per_sm_mirror_the_kernel():
+    """The planner (no torch import) restates the tensor-core kernel's CTAs per SM; both follow
+    the warps per CTA of the default variants (8 resident warps of ~200 registers per SM)."""
+    from atom_backend.planner import Platform
+
+    p = Platform()
+    assert decode.MMA_CTAS_PER_SM == {2: p.decode_ctas_per_sm, 1: p.decode_ctas_per_sm_fp8}
+    for kv_code, elem in ((0, 2), (2, 1)):
+        assert decode._mma_warps(decode._mma_variant(128, 0, kv_code)) * decode.MMA_CTAS_PER_SM[elem] == 8
+
+
 def test_mma_decode_only_where_its_shared_memory_fits():
     """gfx942 gives a workgroup 64 KiB: d=128 with 16-bit KV (68 KiB) stays on the CUDA-core kernel."""
     assert decode._mma_smem_bytes(decode._mma_variant(128, 0, 0)) > 64 * 1024
