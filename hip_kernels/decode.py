@@ -87,7 +87,7 @@ def _mma_smem_bytes(variant) -> int:
     keyb = d * kv_bytes
     stage = 2 * kpw * keyb + (2 * kpw * 4 if kv_bytes == 1 else 0)
     ring = nw * nst * stage
-    merge = nw * MMA_ROWS * (d + 2) * 4
+    merge = nw * MMA_ROWS * (d + 10) * 4  # rows D + 8 floats apart, then m and l
     return MMA_ROWS * d * 2 + max(ring, merge)
 
 
