@@ -5,6 +5,8 @@ decode (docs/perf/decode.md, session 16), so no change to the math can reach cuD
 times the kernels of bench/stream_probe.cu (the same K + V bytes of the 64 x 4k acceptance shape,
 one CTA per kv head and request, no math) beside cuDNN's decode and our own kernel (full and
 DRY), all as CUDA-graph replays in one process. NVIDIA Hopper only (tensor maps, nvcc on PATH).
+It times data movement only: the engines keep no result (the register engine folds a checksum so
+that its loads stay), so it proves nothing about attention and is no test.
 """
 
 from __future__ import annotations
