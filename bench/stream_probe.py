@@ -12,6 +12,7 @@ that its loads stay), so it proves nothing about attention and is no test.
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import subprocess
 import tempfile
@@ -20,18 +21,24 @@ import numpy as np
 import torch
 
 from bench.common import bench_ms, copy_bandwidth_gbs, graphed
-from bench.decode import D, HK, HQ, sdpa_fns
+from bench.decode import D, HK, build, run_ours, sdpa_fns
+from bench.decode_profile import planned_splits
 
 SRC = pathlib.Path(__file__).with_name("stream_probe.cu")
 PAGE = 16
 KERNELS = ("warp_ring", "cta_ring", "tma_nhd", "tma_hnd", "bulk_hnd", "regs")
 
 
+@functools.lru_cache(maxsize=None)
+def _build_dir() -> pathlib.Path:
+    return pathlib.Path(tempfile.mkdtemp(prefix="stream_probe_"))
+
+
 def load(nst: int, chunk_pages: int, mimic: int = 0):
     """The probe module for one (stages, pages per stage), built by nvcc for sm_90a."""
     import cupy as cp
 
-    out = pathlib.Path(tempfile.mkdtemp()) / f"probe_{nst}_{chunk_pages}_{mimic}.cubin"
+    out = _build_dir() / f"probe_{nst}_{chunk_pages}_{mimic}.cubin"
     cmd = ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-DNST={nst}",
            f"-DCHUNK_PAGES={chunk_pages}", f"-DMIMIC={mimic}", f"-DPAGE={PAGE}", f"-DROWB={2 * D}", "-o", str(out), str(SRC)]
     subprocess.run(cmd, check=True)
@@ -128,9 +135,6 @@ def main(argv=None):
     t_cudnn = bench_ms(graphed(sdpa_fns(batch, ctx)["sdpa_cudnn"]))
     report("sdpa_cudnn (dense)", t_cudnn)
     torch.cuda.empty_cache()
-    from bench.decode import build, run_ours
-    from bench.decode_profile import planned_splits
-
     c = build(batch, ctx, "bf16")
     if args.sequential:
         c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
