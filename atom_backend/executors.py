@@ -180,13 +180,14 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
         out.index_copy_(0, rows, os_)
 
 
-def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int) -> None:
+def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None) -> None:
     from hip_kernels.decode import splitkv_decode
 
     qs, os_, rows = _rows_in(q, out, route.rows)
     splitkv_decode(qs, k_cache, v_cache, route.cu_seqlens_q, route.seq_lens, route.block_table,
                    max_query_len=route.max_seqlen_q, num_splits=num_splits, scale=p.scale, window=p.window,
-                   sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_)
+                   sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_,
+                   balanced=balanced)
     if rows is not None:
         out.index_copy_(0, rows, os_)
 
@@ -236,7 +237,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
         with metrics.kernel_timer(md.decode.path):
             if md.decode_kernel == "hip" and _md._KERNEL_STATE.get("splitkv") is None:
                 try:
-                    _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits)
+                    _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced)
                 except RuntimeError as e:  # KernelError and launch failures
                     _md.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
                     _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits)

@@ -117,6 +117,7 @@ class AtomMetadata:
     slot_mapping: torch.Tensor
     on_cpu: bool
     decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
+    decode_balanced: bool | None = None  # hip decode: None = the kernel's default, False = fixed ranges
 
     def routes(self):
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
@@ -261,6 +262,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True),
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
+            decode_balanced=False if self.config.deterministic_decode else None,
         )
         self._count(p, new, cached)
         return md

@@ -168,6 +168,9 @@ class PlannerConfig:
     min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
     wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
+    # ATOM_DETERMINISTIC_DECODE=1: split-KV decode on fixed key ranges (bitwise repeatable runs);
+    # by default a request's splits share its keys at run time (balanced across SMs, 1-2% faster)
+    deterministic_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -195,6 +198,7 @@ class PlannerConfig:
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
             cost_routing=env.get("ATOM_COST_ROUTING", "1").strip().lower() not in ("0", "false", "no", "off"),
+            deterministic_decode=env.get("ATOM_DETERMINISTIC_DECODE", "0").strip().lower() in ("1", "true", "yes", "on"),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 
 import torch
 
@@ -57,8 +58,8 @@ def kernel_times(fn, reps=20):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "tunes"))
-    ap.add_argument("--tunes", default='[{"NUM_WARPS": 2}, {"NUM_WARPS": 8}]', help="tunes: JSON list of defines")
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "tunes", "timeline"))
+    ap.add_argument("--tunes", default="", help='tunes / timeline: JSON list of defines (tunes: default [{"NUM_WARPS": 2}])')
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
     ap.add_argument("--hnd", action="store_true", help="tunes: head-major pages")
@@ -73,8 +74,10 @@ def main(argv=None):
         return host()
     if args.mode == "layout":
         return layout()
+    if args.mode == "timeline":
+        return timeline(args.kv, args.shapes, args.splits or None, args.tunes)
     if args.mode == "tunes":
-        return tunes(args.tunes, args.kv, args.sequential, args.shapes, args.hnd)
+        return tunes(args.tunes or '[{"NUM_WARPS": 2}]', args.kv, args.sequential, args.shapes, args.hnd)
     if args.mode == "one":
         b, ctx = (int(x) for x in args.shape.split("x"))
         fn, _ = case_fn(args.case, b, ctx, args.splits or None, args.sequential)
@@ -137,6 +140,24 @@ def host():
     print(f"# host: current_stream: {per_call(lambda: torch.cuda.current_stream(0).cuda_stream):.1f} us/call")
 
 
+def page_order(order: str, nb: int, per_2m: int, g) -> torch.Tensor:
+    """Page ids: "shuffled", "in order", "in 2M" (shuffled inside each 2 MiB of the pool, the
+    2 MiB groups in order) or "2M shuf" (groups in random order, pages in order inside): the last
+    two tell address-translation reach (GPU pages of 2 MiB) from finer placement effects."""
+    if order == "shuffled":
+        return torch.randperm(nb, device="cuda", generator=g)
+    if order == "in order" or per_2m <= 1:
+        return torch.arange(nb, device="cuda")
+    groups = -(-nb // per_2m)
+    ids = torch.arange(groups * per_2m, device="cuda").view(groups, per_2m)
+    if order == "in 2M":
+        ids = torch.gather(ids, 1, torch.argsort(torch.rand(ids.shape, device="cuda", generator=g), dim=1))
+    else:
+        ids = ids[torch.randperm(groups, device="cuda", generator=g)]
+    ids = ids.flatten()
+    return ids[ids < nb]
+
+
 def layout():
     """The same decode (bf16, planner splits) over differently laid-out caches: page size, pages
     shuffled or in order, token-major (NHD, vLLM's) or head-major (HND) pages. The last row of each
@@ -150,6 +171,7 @@ def layout():
         print(f"{b}x{ctx} S={s} cudnn {t_cudnn * 1e3:.1f} us", flush=True)
         torch.cuda.empty_cache()
         for bs, order, hnd in ((16, "shuffled", False), (16, "shuffled", True), (16, "in order", False),
+                               (16, "in 2M", False), (16, "2M shuf", False),
                                (16, "in order", True), (64, "shuffled", True), (256, "shuffled", True),
                                (ctx, "in order", True)):
             g = torch.Generator(device="cuda").manual_seed(0)
@@ -160,7 +182,7 @@ def layout():
             v = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
             if hnd:
                 k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-            ids = torch.randperm(nb, device="cuda", generator=g) if order == "shuffled" else torch.arange(nb, device="cuda")
+            ids = page_order(order, nb, 2 * 1024 * 1024 // (bs * HK * D * 2), g)
             bt = ids[: b * npages].to(torch.int32).view(b, npages)
             q = torch.randn((b, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
             cu = torch.arange(b + 1, dtype=torch.int32, device="cuda")
@@ -191,7 +213,8 @@ def ctas_per_sm(tune, kv_code) -> int:
 def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):
     """Variants of the tensor-core kernel (`_tune` defines, JSON list) at the splits that fill
     their own waves, split + combine as CUDA-graph replays, beside SDPA cuDNN; each output is
-    compared with the default kernel's on the same inputs (NaN-poisoned first). A ragged batch
+    compared with the default kernel's on the same inputs (NaN-poisoned first); two keys are not
+    defines: "balanced" (slices claimed at run time) and "splits" (instead of the wave rule). A ragged batch
     (random lengths, partial chunks) checks the same agreement off the benchmark shapes."""
     import json
 
@@ -218,15 +241,18 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                     c[name] = c[name].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
             ref_out = None
             for tune in variants:
-                per_sm = ctas_per_sm(tune, codes[kv])
+                defines = {k: v for k, v in (tune or {}).items() if k not in ("balanced", "splits")}
+                bal = bool((tune or {}).get("balanced"))
+                per_sm = ctas_per_sm(defines, codes[kv])
                 s = 3 if ragged else whole_wave_splits(b * HK, sms * per_sm, max(1, min(64, ctx // 256)))
-                ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
+                s = int((tune or {}).get("splits", s))
                 out = torch.empty_like(c["q"])
+                ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
 
                 def fn():
                     o, l, _ = decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"],
                                                    max_query_len=1, num_splits=s, workspace=ws, impl="mma",
-                                                   _tune=tune, **c["scales"])
+                                                   _tune=defines, balanced=bal, **c["scales"])
                     from hip_kernels.combine import combine
                     combine(o, l, out)
                 t = bench_ms(fn)
@@ -240,6 +266,57 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                 vs = f"vs cudnn {t_cudnn / t:5.3f}x" if t_cudnn else ""
                 print(f"{b}x{ctx} {kv:5s} {json.dumps(tune or {}):40s} {per_sm}/SM S={s:<3d} {t * 1e3:7.1f} us  {vs}"
                       f"  maxdiff vs default {err:.3g}", flush=True)
+            del c
+            torch.cuda.empty_cache()
+
+
+def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
+    """When each CTA of the split kernel starts, gets its first chunk, leaves its loop and ends
+    (`TIMELINE=1`: %globaltimer stamps after the workspace), per shape: the start-up, tail and
+    epilogue that make the fixed cost of a decode. Times in us from the first CTA's entry."""
+    import json
+
+    from hip_kernels import decode
+
+    shapes = [tuple(int(x) for x in t.split("x")) for t in shapes_arg.split(",")] if shapes_arg else list(SHAPES)
+    extra = [{}] + (json.loads(spec) if spec else [])
+    for b, ctx in shapes:
+        for kv in kvs.split(","):
+            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            s = splits or planned_splits(b, ctx, kv)
+            for tune in extra:
+                need = decode.workspace_elems(s, b, HQ, D)
+                nct = HK * b * s
+                ws = torch.zeros(need + 2 + 16 * nct, dtype=torch.float32, device="cuda")
+                out = torch.empty_like(c["q"])
+                for _ in range(3):
+                    decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
+                                         num_splits=s, workspace=ws, impl="mma",
+                                         _tune={"TIMELINE": 1, **{k: v for k, v in tune.items() if k != "balanced"}},
+                                         balanced=bool(tune.get("balanced")), final=(out, None, None), **c["scales"])
+                torch.cuda.synchronize()
+                start = (need + 1) & ~1
+                raw = ws[start:start + 16 * nct].view(torch.int64).view(nct, 8)[:, :5].cpu()
+                if os.environ.get("ATOM_TIMELINE_DIR"):  # raw stamps for offline analysis
+                    torch.save(raw, os.path.join(os.environ["ATOM_TIMELINE_DIR"], f"tl_{b}x{ctx}_{kv}_{len(json.dumps(tune))}.pt"))
+                st = raw.double()
+                t0 = st[:, 0].min()
+                e, f, lp, en = ((st[:, i] - t0) / 1e3 for i in range(4))
+                span = float(en.max())
+                q = lambda x, p: float(torch.quantile(x, p))
+                first = e < 5.0  # the first wave's CTAs start together
+                ends = torch.sort(en).values
+                print(f"{b}x{ctx} {kv} S={s} {json.dumps(tune)} CTAs {nct} span {span:.1f} us | entry wave1 "
+                      f"p50/max {q(e[first], 0.5):.1f}/{float(e[first].max()):.1f} | first chunk after entry "
+                      f"p50/p90 {q(f - e, 0.5):.2f}/{q(f - e, 0.9):.2f} | loop p10/p50/p90 {q(lp - f, 0.1):.1f}/"
+                      f"{q(lp - f, 0.5):.1f}/{q(lp - f, 0.9):.1f} | epilogue p50/max {q(en - lp, 0.5):.2f}/"
+                      f"{float((en - lp).max()):.2f} | ends: first {float(ends[0]):.1f}, 50% {q(en, 0.5):.1f}, "
+                      f"90% {q(en, 0.9):.1f}, 99% {q(en, 0.99):.1f}, last {span:.1f}", flush=True)
+                late = ~first
+                if bool(late.any()):
+                    print(f"   wave 2: {int(late.sum())} CTAs, entry first/p50/last {float(e[late].min()):.1f}/"
+                          f"{q(e[late], 0.5):.1f}/{float(e[late].max()):.1f}, first chunk after entry p50 "
+                          f"{q((f - e)[late], 0.5):.2f}", flush=True)
             del c
             torch.cuda.empty_cache()
 

@@ -2,8 +2,9 @@
 
 `splitkv_decode(...)` runs one launch of the split kernel, grid (kv heads x row blocks, requests,
 splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combine` merges the
-splits and applies the per-head sinks once (with one split the tensor-core kernel writes the
-output and lse itself: no combine). No host synchronisation: every check here reads
+splits and applies the per-head sinks once. The tensor-core kernel needs no combine launch: with
+one split it writes the output and lse itself, with up to FUSE_MAX_SPLITS the last CTA of each
+(kv head, row block, request) combines its group's partials (completion counters in `semaphores`). No host synchronisation: every check here reads
 shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph capturable when the
 caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks it).
 
@@ -280,6 +281,29 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
     return batch, total_q, hq, hk, d, num_blocks, block_size, kv_code
 
 
+# Slice counters of the balanced split kernel: two int32 per (request, kv head, row block), zero
+# between launches (the last CTA of each group resets its pair), one buffer per (device, stream) so
+# that decodes on different streams never share a counter. Sized once for large batches: growing
+# it inside a CUDA-graph capture would capture its zero-fill too (correct, one node more).
+_SEMAPHORES: dict = {}
+_MIN_SEMAPHORES = 1 << 16
+
+
+# Splits the last CTA of a group still combines faster than a combine launch (H100, session 18:
+# 8 x 32k at 4 splits -1.3 us; 1 x 128k at 32 even; FP8 at 63 splits +9 us: one CTA walks them).
+FUSE_MAX_SPLITS = 16
+
+
+def semaphores(device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters (>= count) for the balanced split kernel on the current stream."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _SEMAPHORES.get(key)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, _MIN_SEMAPHORES), dtype=torch.int32, device=device)
+        _SEMAPHORES[key] = buf
+    return buf
+
+
 def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: int) -> int:
     """float32 elements of the workspace: o_partial [S, T, H, D] then lse_partial [S, T, H]."""
     return num_splits * total_q * num_q_heads * (head_dim + 1)
@@ -305,9 +329,15 @@ def _split_kernel(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
     max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None, final=None,
+    balanced=False,
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(o_partial, lse_partial, finished): with one split, the tensor-core kernel writes
-    `final` = (out, lse_out, sinks) itself and `finished` is True (nothing left to combine)."""
+    """(o_partial, lse_partial, finished): given `final` = (out, lse_out, sinks) and at most
+    FUSE_MAX_SPLITS splits, the tensor-core kernel finishes the decode itself and `finished` is
+    True (nothing left to combine).
+    balanced (tensor-core kernel, 16-bit KV, several splits): the splits of a request share its keys in
+    16-key slices claimed at run time, so a CTA on a slow SM takes fewer; partial s is then over
+    the slices its CTA took (the combined result is the same attention, rounded differently from
+    run to run)."""
     batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = _validate(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
         max_query_len, num_splits, window, sink_tokens, softcap, None, k_scale, v_scale, k_descale, v_descale)
@@ -369,13 +399,18 @@ def _split_kernel(
         var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
         if _tune:  # benchmarking knob: extra defines
             var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
-        direct = final is not None and num_splits == 1
-        out, lse_out, sinks = final if direct else (None, None, None)
-        args = head + [mkf, mvf, o_part, lse_part, out, out.stride(0) if direct else 0, out.stride(1) if direct else 0,
-                       lse_out, sinks, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail
+        # With `final`, the kernel finishes: one split writes the output itself; up to
+        # FUSE_MAX_SPLITS splits count their CTAs and the last of each group combines.
+        done = final is not None and num_splits <= FUSE_MAX_SPLITS
+        out, lse_out, sinks = final if done else (None, None, None)
+        balanced = bool(balanced) and kv_code < 2  # the kernel balances 16-bit KV only
+        sem = semaphores(q.device, 2 * batch * hk * row_blocks) if num_splits > 1 and (done or balanced) else None
+        args = head + [mkf, mvf, o_part, lse_part, out, out.stride(0) if done else 0, out.stride(1) if done else 0,
+                       lse_out, sinks, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail + [
+                       sem, int(balanced)]
         _launch(var, (hk * row_blocks, batch, num_splits), (_mma_threads(var, q.device), 1, 1), args,
                 shared_mem=_mma_smem_bytes(var))
-        return o_part, lse_part, direct
+        return o_part, lse_part, done
     _, row_blocks = _pick_rows(max_query_len * group, kv_code)
     defines_variant = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
     if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
@@ -403,14 +438,16 @@ def splitkv_decode(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
     max_query_len, num_splits, scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
-    impl=None,
+    impl=None, balanced=None,
 ) -> torch.Tensor:
     """Decode attention of 1..max_query_len new tokens per request over the paged cache.
 
     Returns `out` [total_q, num_q_heads, head_dim] in q's dtype (allocated when None); `lse_out`
     [total_q, num_q_heads] float32, when given, receives the log-sum-exp without the sinks.
     Rows of q past cu_seqlens_q[-1] (graph padding) are unspecified: the combine writes them from
-    the workspace, one split on the tensor-core kernel leaves them untouched.
+    the workspace, the tensor-core kernel leaves them untouched.
+    balanced: None or True = on for 16-bit KV (FP8 always runs fixed ranges: docs/perf/decode.md,
+    session 18), False = fixed key ranges (bitwise repeatable); see `_split_kernel`.
     """
     if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 3:
         if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],):
@@ -425,11 +462,14 @@ def splitkv_decode(
         out = torch.empty_like(q)
     if out.stride(2) != 1:
         raise ValueError(f"out must have a contiguous last dim, got strides {out.stride()}")
+    if balanced is None:
+        balanced = True
     o_part, lse_part, finished = _split_kernel(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
         kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
         window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, final=(out, lse_out, sinks))
+        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, final=(out, lse_out, sinks),
+        balanced=balanced)
     if q.shape[0] == 0 or finished:
         return out
     from hip_kernels.combine import combine

@@ -115,6 +115,8 @@ def test_env_overrides_and_bad_values():
     assert (c.force_path, c.disable_varlen, c.max_splits, c.decode_max_query_tokens) == ("unified", True, 8, 4)
     assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.wave_fill) == (32, 16, 512, 90)
     assert PlannerConfig.from_env({}) == PlannerConfig()
+    assert PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "1"}).deterministic_decode
+    assert not PlannerConfig().deterministic_decode
     with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
         PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
     with pytest.raises(PlanError, match="not an integer"):

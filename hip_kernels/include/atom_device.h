@@ -249,6 +249,30 @@ ATOM_DEV void store16_stream(void* p, const u32x4& v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Device-wide counters and ordering (split-KV: slice counters shared by the CTAs of one group).
+// ---------------------------------------------------------------------------------------------
+// load*_device: loads that see other CTAs' stores published by fence_device + a counter (they
+// bypass the SM's L1, which is not coherent and may hold a line read earlier by another CTA).
+#if ATOM_NVIDIA
+ATOM_DEV int atomic_add(int* p, int v) { return atomicAdd(p, v); }
+ATOM_DEV void fence_device() { __threadfence(); }
+ATOM_DEV float loadf_device(const float* p) { return __ldcg(p); }
+ATOM_DEV u32x4 load16_device(const void* p) {
+  uint4 v = __ldcg(reinterpret_cast<const uint4*>(p));
+  return u32x4{v.x, v.y, v.z, v.w};
+}
+#else
+ATOM_DEV int atomic_add(int* p, int v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+ATOM_DEV void fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+ATOM_DEV u32 load4_device(const u32* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+ATOM_DEV float loadf_device(const float* p) { return u32_as_f32(load4_device(reinterpret_cast<const u32*>(p))); }
+ATOM_DEV u32x4 load16_device(const void* p) {
+  const u32* q = reinterpret_cast<const u32*>(p);
+  return u32x4{load4_device(q), load4_device(q + 1), load4_device(q + 2), load4_device(q + 3)};
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Global -> shared copies that overlap with compute where the hardware allows.
 // NVIDIA (sm_80+): cp.async, completion tracked per thread in commit groups; pred == false
 // zero-fills the destination without reading the source. Elsewhere: a plain load and store

@@ -47,6 +47,9 @@
 #ifndef DRY
 #define DRY 0  // timing experiments only: 1 = copies without the math (results are wrong)
 #endif
+#ifndef TIMELINE
+#define TIMELINE 0  // experiment: per-CTA %globaltimer stamps after the workspace (results unchanged)
+#endif
 
 namespace atom_dmma {
 using atom::i64;
@@ -94,6 +97,10 @@ constexpr int Q_BYTES = M * D * 2;
 // 32 different banks (D floats apart, they all hit the same 4: 8-way conflicts, and FP8 decode
 // 2.7-4.6% slower).
 constexpr int MERGE_LD = D + 8;
+// Balanced splits (slices claimed at run time) for 16-bit KV only: FP8's latency-bound loop
+// loses more to the claims than the balance gains (session 18), and compiled out its per-page
+// loop is ~3% faster.
+constexpr bool BALANCE = !FP8;
 constexpr int MERGE_BYTES = NW * M * (MERGE_LD + 2) * 4;
 constexpr int BODY_BYTES = RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES;
 constexpr int SMEM_BYTES = Q_BYTES + BODY_BYTES;  // == decode.py _mma_smem_bytes
@@ -122,6 +129,19 @@ ATOM_DEV u32 fp8x2_to_f16x2(u32 w) {
   return atom::pack_f16x2(a, b);
 #endif
 }
+
+#if TIMELINE
+ATOM_DEV unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+ATOM_DEV unsigned int sm_id() {
+  unsigned int r;
+  asm volatile("mov.u32 %0, %smid;" : "=r"(r));
+  return r;
+}
+#endif
 
 ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
 ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
@@ -185,7 +205,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     unsigned short* __restrict__ out, long long out_stride_t, long long out_stride_h,
     float* __restrict__ lse_out, const float* __restrict__ sinks, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
-    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens) {
+    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int* __restrict__ sem,
+    int balanced) {
   using namespace atom_dmma;
   using atom::mma::mma;
   typedef atom::mma::acc_t acc_t;
@@ -213,6 +234,16 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int tid = (int)atom::tid_x();
   const int lane = tid % WARP;
   const int warp = tid / WARP;
+#if TIMELINE
+  // [entry, first chunk landed, loop done, end, sm]: 8 u64 per CTA after the workspace.
+  unsigned long long* tl = reinterpret_cast<unsigned long long*>(
+      o_partial + (((long long)num_splits * total_q * num_q_heads * (D + 1) + 1) & ~1LL)) +
+      8 * (((long long)s * gridDim.y + b) * gridDim.x + blockIdx.x);
+  if (tid == 0) {
+    tl[0] = now_ns();
+    tl[4] = sm_id();
+  }
+#endif
 
   // The request's bounds, all loaded at once (one latency, not two, before the page ids).
   const int q0 = cu_seqlens_q[b];
@@ -235,10 +266,14 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   }
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
-  const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
+  // Balanced (sem given, several splits): the CTAs of one (kv head, row block, request) share its
+  // whole visible range, cut into KPW-key slices that warps claim from a counter; a split's partial
+  // then covers the slices its warps took. Static: split s owns a contiguous range.
+  const bool dyn = BALANCE && balanced != 0 && sem != nullptr && num_splits > 1;
+  const int n_sink = (window > 0 && (s == 0 || dyn)) ? imin(sink_tokens, lo) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  const int per = (main_len + num_splits - 1) / num_splits;
-  const int st = imin(lo + s * per, sk > lo ? sk : lo);
+  const int per = dyn ? main_len : (main_len + num_splits - 1) / num_splits;
+  const int st = dyn ? lo : imin(lo + s * per, sk > lo ? sk : lo);
   const int en = imin(st + per, sk > lo ? sk : lo);
   const int vcount = n_sink + (en - st);
   auto key_of = [&](int v) { return v < n_sink ? v : st + (v - n_sink); };
@@ -277,13 +312,13 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // The page id of a chunk is loaded one chunk before its offset is formed: the load's latency
   // passes under a chunk's math instead of stalling the warp in lookup (FP8 -2.5 to -4%).
   int pid = -1;
-  auto fetch = [&](int c) {
-    const int v = c * CHUNK + warp * KPW + role_key;
+  auto fetch = [&](int u) {
+    const int v = u * KPW + role_key;
     pid = -1;
     if (role_key < KPW && v < vcount) pid = table[(int)div_magic((unsigned int)key_of(v), bs_magic, bs_shift)];
   };
-  auto lookup = [&](int c) {
-    const int v = c * CHUNK + warp * KPW + role_key;
+  auto lookup = [&](int u) {
+    const int v = u * KPW + role_key;
     off = -1;
     if (role_key < KPW && v < vcount) {
       const int j = key_of(v);
@@ -292,7 +327,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       off = (long long)p * page_bytes + (long long)(j - lp * block_size) * tok_bytes;
       fidx = (long long)p * num_kv_heads + g;
     }
-    fetch(c + 1);
   };
   auto issue = [&](int c) {
     char* stg = ring + (c % NST) * STAGE_BYTES;
@@ -328,15 +362,37 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     atom::copy16_async(qs + dst, src, ok);
   }
   atom::copy_commit();
-  const int nchunks = (vcount + CHUNK - 1) / CHUNK;
-  fetch(0);
+  // slice(c, k): the slice (KPW keys: v = u * KPW + 0..KPW-1) of the warp's chunk c + k, from the
+  // chunk being computed (k = 0) up to the one whose page ids load (k = NST + 1). Fixed ranges: the
+  // warp's slices of its split are warp, warp + NW, ... Balanced (uq[k], shifted every chunk;
+  // uq[NQ - 1] is lane 0's claim in flight): the first NQ - 1 are fixed (every warp of every split
+  // of the group a different one, no claim on the start-up path), later ones are claimed a chunk
+  // before their page ids load.
+  constexpr int NQ = NST + 3;
+  const int nsl = (vcount + KPW - 1) / KPW;
+  const int per_round = dyn ? num_splits * NW : NW;
+  int* const counter = sem != nullptr ? sem + 2 * ((long long)b * atom::gdim_x() + atom::bid_x()) : nullptr;
+  const int claimed0 = (NQ - 1) * per_round;  // first slice handed out by the counter
+  int uq[NQ];
+  if constexpr (BALANCE) {
+#pragma unroll
+    for (int k = 0; k < NQ - 1; ++k) uq[k] = (dyn ? s * NW : 0) + warp + k * per_round;
+    uq[NQ - 1] = dyn && lane == 0 ? (uq[NQ - 2] < nsl ? atom::atomic_add(counter, 1) : nsl) : 0;
+  }
+  auto slice = [&](int c, int k) -> int {
+    if constexpr (BALANCE) return uq[k];
+    else return (c + k) * NW + warp;
+  };
+  fetch(slice(0, 0));
 #pragma unroll
   for (int c = 0; c < NST - 1; ++c) {
-    lookup(c);
-    if (c < nchunks) issue(c);
+    lookup(slice(0, c));
+    fetch(slice(0, c + 1));
+    if (slice(0, c) < nsl) issue(c);
     atom::copy_commit();
   }
-  lookup(NST - 1);
+  lookup(slice(0, NST - 1));
+  fetch(slice(0, NST));
   atom::copy_wait<NST - 1>();  // Q's group (the oldest) has landed
   atom::sync_block();
   op_t qa[KT];
@@ -420,7 +476,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       }
     }
     // ---- Scale, soft-cap, mask (only where some key of the warp's chunk may be hidden).
-    const int vbase = c * CHUNK + warp * KPW;
+    const int vbase = slice(c, 0) * KPW;
     const bool all_visible = vbase >= n_sink && vbase + KPW <= vcount && key_of(vbase + KPW - 1) <= pos0 &&
                              (window <= 0 || key_of(vbase) > pos0 + sq - 1 - window);
 #pragma unroll
@@ -541,13 +597,17 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     }
   };
 
-  if (nchunks > 0) {
-    for (int c = 0; c < nchunks; ++c) {
-      if (c + NST - 1 < nchunks) issue(c + NST - 1);
+  if (slice(0, 0) < nsl) {
+    for (int c = 0; slice(c, 0) < nsl; ++c) {
+      if (slice(c, NST - 1) < nsl) issue(c + NST - 1);
       atom::copy_commit();
-      lookup(c + NST);
+      lookup(slice(c, NST));
+      fetch(slice(c, NST + 1));
       atom::copy_wait<NST - 1>();
       atom::warp_sync();
+#if TIMELINE
+      if (c == 0 && tid == 0) tl[1] = now_ns();
+#endif
       if (FP8 && per_page && c == 0) {
         // Reference for the P columns: the V factor of the warp's first key (if it has keys).
         const float f = reinterpret_cast<const float*>(ring + 2 * KPW * KEYB)[KPW];
@@ -556,10 +616,21 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       }
       if (!DRY) compute(c);
       atom::warp_sync();
+      if constexpr (BALANCE) {
+        // Next chunk's slices; a claim is only made while the counter may still hold slices.
+        const int next = dyn ? claimed0 + shfl_i(uq[NQ - 1], 0) : uq[NQ - 2] + per_round;
+#pragma unroll
+        for (int k = 0; k < NQ - 2; ++k) uq[k] = uq[k + 1];
+        uq[NQ - 2] = next;
+        if (dyn && lane == 0) uq[NQ - 1] = next < nsl ? atom::atomic_add(counter, 1) : nsl;
+      }
     }
   }
   atom::copy_wait<0>();
   atom::sync_block();  // the ring becomes the merge buffer
+#if TIMELINE
+  if (tid == 0) tl[2] = now_ns();
+#endif
 
   // ---- Merge the warps through shared memory, normalise, write the split's partials.
 #pragma unroll
@@ -604,7 +675,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     const float o_val = lsum > 0.f ? ov / lsum : 0.f;
     const float lse = lsum > 0.f ? (mr + atom::log2_(lsum)) * 0.6931471805599453f : NEG_INF;
     const int h = g * group + hh;
-    if (out != nullptr) {
+    if (out != nullptr && num_splits == 1) {
       // One split: this is the answer (the combine's sink factor sigmoid(lse - sink) included).
       const float w = sinks != nullptr && lsum > 0.f ? 1.f / (1.f + atom::exp_(sinks[h] - lse)) : 1.f;
       out[(long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d] = atom::from_f32(QT{}, o_val * w);
@@ -615,4 +686,61 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       if (d == 0) lse_partial[row] = lse;
     }
   }
+  if (sem != nullptr && num_splits > 1) {
+    // Completion count of the group (the splits of this kv head, row block and request): its last
+    // CTA resets the counters for the next launch (CUDA graphs replay the same buffer; each lane
+    // 0's slice claims are performed before its CTA is counted) and, with `out`, combines the
+    // group's partials itself (DESIGN.md's combine, sinks once), so no combine kernel follows.
+    // The flag lives in the merge buffer (read by now): a static __shared__ variable cost 7% on
+    // every shape, taken or not (session 18).
+    int* last = reinterpret_cast<int*>(body);
+    atom::fence_device();
+    atom::sync_block();
+    if (tid == 0) {
+      *last = atom::atomic_add(counter + 1, 1) == num_splits - 1;
+      if (*last) {
+        counter[0] = 0;
+        counter[1] = 0;
+      }
+    }
+    atom::sync_block();
+    if (*last && out != nullptr) {
+      atom::fence_device();
+      const long long split_rows = (long long)total_q * num_q_heads;
+      for (int i = tid; i < rows * (D / 4); i += NT) {
+        const int r = i / (D / 4);
+        const int d = (i - r * (D / 4)) * 4;
+        const int rg = rb * M + r;
+        const int t = rg / group;
+        const int h = g * group + (rg - t * group);
+        const long long row = (long long)(q0 + t) * num_q_heads + h;
+        float mx = NEG_INF;
+        for (int sp = 0; sp < num_splits; ++sp) mx = atom::fmax_(mx, atom::loadf_device(lse_partial + sp * split_rows + row));
+        float lsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (mx != NEG_INF) {
+          for (int sp = 0; sp < num_splits; ++sp) {
+            const float w = atom::exp_(atom::loadf_device(lse_partial + sp * split_rows + row) - mx);
+            // an empty split's o is 0 (written by its CTA): weight 0 or not, it adds nothing
+            const u32x4 v = atom::load16_device(o_partial + (sp * split_rows + row) * D + d);
+            lsum += w;
+            acc[0] += w * atom::u32_as_f32(v.x);
+            acc[1] += w * atom::u32_as_f32(v.y);
+            acc[2] += w * atom::u32_as_f32(v.z);
+            acc[3] += w * atom::u32_as_f32(v.w);
+          }
+        }
+        const float lse = lsum > 0.f ? mx + atom::log_(lsum) : NEG_INF;
+        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        if (sinks != nullptr && lsum > 0.f) inv *= 1.f / (1.f + atom::exp_(sinks[h] - lse));
+        unsigned short* o = out + (long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = atom::from_f32(QT{}, acc[j] * inv);
+        if (d == 0 && lse_out != nullptr) lse_out[row] = lse;
+      }
+    }
+  }
+#if TIMELINE
+  atom::sync_block();
+  if (tid == 0) tl[3] = now_ns();
+#endif
 }

@@ -1,0 +1,109 @@
+"""The tensor-core decode kernel's balanced splits and in-kernel combine (hip_kernels.decode).
+
+Balanced: the splits of one (kv head, row block, request) claim 16-key slices from a shared
+counter, so partial s covers whatever slices its CTA took (16-bit KV; FP8 keeps fixed ranges);
+the combined answer must still be the reference's, for every DESIGN.md case. In-kernel combine: the last CTA of each group combines, so the counters (which
+the kernel leaves at zero) decide correctness across launches and CUDA-graph replays.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from atom_backend.tolerances import assert_close, assert_lse_close
+from hip_kernels import decode
+from tests.test_decode_kernel import CASES, _split_opts, make_batch, reference
+
+_MMA_CASES = [n for n in CASES if CASES[n][3] in decode.MMA_HEAD_DIMS]
+
+
+def _decode(batch, num_splits, sinks=None, balanced=True, **attn):
+    mq = max([sq for sq, _ in batch["seqs"]] + [1])
+    out = torch.full_like(batch["q"], float("nan"))
+    lse = torch.full(batch["q"].shape[:2], float("nan"), dtype=torch.float32, device=batch["q"].device)
+    decode.splitkv_decode(batch["q"], batch["k_cache"], batch["v_cache"], batch["cu_q"], batch["seq_lens"],
+                          **batch["tables"], max_query_len=mq, num_splits=num_splits, sinks=sinks, out=out,
+                          lse_out=lse, impl="mma", balanced=balanced, **batch["scales"], **attn)
+    return out, lse
+
+
+def _counters_zero():
+    torch.cuda.synchronize()
+    return all(int(buf.abs().sum()) == 0 for buf in decode._SEMAPHORES.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("balanced", [True, False])
+@pytest.mark.parametrize("num_splits", [3, 16, 33])  # 33: past FUSE_MAX_SPLITS, combine kernel
+@pytest.mark.parametrize("name", _MMA_CASES)
+def test_in_kernel_combine_vs_reference(name, num_splits, balanced):
+    """out and lse start as NaN: every row must be written, by the last CTA of each group (up to
+    FUSE_MAX_SPLITS splits) or by the combine kernel (past it)."""
+    seqs, hq, hk, d, bs, opts = CASES[name]
+    build, attn = _split_opts(opts)
+    batch = make_batch(seqs, hq, hk, d, bs, seed=zlib.crc32(f"bal/{name}/{num_splits}".encode()), **build)
+    sinks = torch.randn(hq, generator=torch.Generator().manual_seed(3)).cuda() if attn.pop("sinks", False) else None
+    o_ref, lse_ref = reference(batch, sinks=None if sinks is None else sinks.cpu(), **attn)
+    out, lse = _decode(batch, num_splits, sinks=sinks, balanced=balanced, **attn)
+    dt = batch["q"].dtype
+    assert_close(out.float().cpu(), o_ref, dt, f"{name} out")
+    assert_lse_close(lse.cpu(), lse_ref, dt, f"{name} lse")
+    assert _counters_zero(), "the kernel must leave its counters at zero"
+
+
+@pytest.mark.gpu
+def test_balanced_long_contexts_many_splits_repeated():
+    """Long and ragged contexts where every warp claims many slices; three launches in a row
+    (the counters left by one are the next one's start) all match the reference."""
+    seqs = [(1, 9000), (1, 3001), (2, 700), (1, 16), (1, 1), (0, 5)]
+    batch = make_batch(seqs, 32, 8, 128, 16, seed=31)
+    o_ref, lse_ref = reference(batch)
+    for s in (5, 32, 64, 5):
+        out, lse = _decode(batch, s)
+        assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"splits={s}")
+        assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16)
+        assert _counters_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["16", "fp8_page"])
+def test_cuda_graph_replays_of_the_balanced_decode(kv):
+    """Captured once (semaphores and workspace fixed), replayed with new contents three times."""
+    seqs = [(1, 1500), (1, 90), (1, 33), (1, 1)]
+    hq, hk, d, bs, splits = 32, 8, 128, 16, 8
+    batch = make_batch(seqs, hq, hk, d, bs, kv=kv, seed=41, extra_blocks=300)
+    ws = torch.empty(decode.workspace_elems(splits, batch["q"].shape[0], hq, d), dtype=torch.float32, device="cuda")
+    out = torch.empty_like(batch["q"])
+
+    def step():
+        decode.splitkv_decode(batch["q"], batch["k_cache"], batch["v_cache"], batch["cu_q"], batch["seq_lens"],
+                              **batch["tables"], max_query_len=1, num_splits=splits, out=out, workspace=ws,
+                              impl="mma", balanced=True, **batch["scales"])
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for i, lens in enumerate(([(1, 1400), (1, 120), (1, 16), (1, 2)], [(1, 17), (1, 1500), (1, 1), (1, 800)],
+                              [(1, 1500), (1, 1500), (1, 1500), (1, 1500)])):
+        new = make_batch(lens, hq, hk, d, bs, kv=kv, seed=50 + i, num_blocks=batch["k_cache"].shape[0])
+        for key in ("q", "seq_lens", "k_cache", "v_cache"):
+            batch[key].copy_(new[key])
+        for key, t in new["scales"].items():
+            if isinstance(t, torch.Tensor):
+                batch["scales"][key].copy_(t)
+        bt = batch["tables"]["block_table"]
+        bt.fill_(2**30)
+        bt[:, : new["tables"]["block_table"].shape[1]].copy_(new["tables"]["block_table"])
+        out.fill_(float("nan"))
+        ws.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        new["q"] = batch["q"]
+        o_ref, lse_ref = reference(new)
+        assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"replay {i}")
+        assert _counters_zero()
