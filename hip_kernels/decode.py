@@ -304,6 +304,26 @@ def semaphores(device, count: int) -> torch.Tensor:
     return buf
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def balance_pays(q, k_cache, cu_seqlens_q, num_splits: int, max_query_len: int) -> bool:
+    """Balanced splits where they pay (H100, docs/perf/decode.md session 18): 16-bit KV, several
+    splits and a grid that fills at least 90% of a wave. A full GPU is where SMs of unequal speed
+    leave the slow ones finishing alone (8 x 32k -1.7%, 1 x 128k -2%); a partly filled one is
+    latency bound, and the claims cost (6 x <=3k at 3 splits: +8%)."""
+    if num_splits <= 1 or not isinstance(k_cache, torch.Tensor) or k_cache.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or k_cache.dim() != 4 or q.device.type != "cuda":
+        return False
+    hk = k_cache.shape[2]
+    row_blocks = -(-(max_query_len * (q.shape[1] // max(hk, 1))) // MMA_ROWS)
+    ctas = (cu_seqlens_q.shape[0] - 1) * hk * row_blocks * num_splits
+    return 10 * ctas >= 9 * _num_sms(q.device) * MMA_CTAS_PER_SM[2]
+
+
 def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: int) -> int:
     """float32 elements of the workspace: o_partial [S, T, H, D] then lse_partial [S, T, H]."""
     return num_splits * total_q * num_q_heads * (head_dim + 1)
@@ -446,8 +466,8 @@ def splitkv_decode(
     [total_q, num_q_heads] float32, when given, receives the log-sum-exp without the sinks.
     Rows of q past cu_seqlens_q[-1] (graph padding) are unspecified: the combine writes them from
     the workspace, the tensor-core kernel leaves them untouched.
-    balanced: None or True = on for 16-bit KV (FP8 always runs fixed ranges: docs/perf/decode.md,
-    session 18), False = fixed key ranges (bitwise repeatable); see `_split_kernel`.
+    balanced: None = on where it pays (`balance_pays`), True = on (16-bit KV; FP8 always runs
+    fixed ranges), False = fixed key ranges (bitwise repeatable); see `_split_kernel`.
     """
     if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 3:
         if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],):
@@ -463,7 +483,7 @@ def splitkv_decode(
     if out.stride(2) != 1:
         raise ValueError(f"out must have a contiguous last dim, got strides {out.stride()}")
     if balanced is None:
-        balanced = True
+        balanced = balance_pays(q, k_cache, cu_seqlens_q, num_splits, max_query_len)
     o_part, lse_part, finished = _split_kernel(
         q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
         kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,

@@ -107,3 +107,25 @@ def test_cuda_graph_replays_of_the_balanced_decode(kv):
         o_ref, lse_ref = reference(new)
         assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"replay {i}")
         assert _counters_zero()
+
+
+@pytest.mark.gpu
+def test_balance_pays_only_on_a_full_grid_of_16_bit_kv():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    slots = sms * decode.MMA_CTAS_PER_SM[2]
+
+    def pays(batch, splits, kv_dtype=torch.bfloat16, hk=8):
+        q = torch.empty(batch, 4 * hk, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(1, 16, hk, 128, dtype=kv_dtype, device="cuda")
+        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        return decode.balance_pays(q, k, cu, splits, 1)
+
+    full = -(-slots // 8)  # splits of one request filling a wave of 8-kv-head CTAs
+    assert pays(1, full) and pays(8, -(-full // 8))
+    assert not pays(1, full // 2), "half a wave is latency bound: fixed ranges"
+    assert not pays(64, 1), "one split has nothing to balance"
+    if FP8 is not None:
+        assert not pays(1, full, kv_dtype=FP8), "FP8 runs fixed ranges"
+
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
