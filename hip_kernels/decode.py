@@ -18,6 +18,10 @@ Split s of a request covers keys [lo + s*per, lo + (s+1)*per) of its visible ran
 lo is the first key the window lets the first query token see (0 without a window) and
 per = ceil((sk - lo) / num_splits); split 0 also takes the StreamingLLM sink tokens below lo.
 Without a window this is `reference.split_ranges`. Empty splits write lse = -inf, o = 0.
+Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from DESIGN.md's contiguous
+ranges on purpose: a request's splits claim 16-key slices of its whole range at run time, so a
+partial covers the slices its CTA took (the combined attention is the same; its rounding varies
+from run to run, and ATOM_DETERMINISTIC_DECODE=1 / balanced=False restores fixed ranges).
 """
 
 from __future__ import annotations
