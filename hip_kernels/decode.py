@@ -285,8 +285,10 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
     return batch, total_q, hq, hk, d, num_blocks, block_size, kv_code
 
 
-# Slice counters of the balanced split kernel: two int32 per (request, kv head, row block), zero
-# between launches (the last CTA of each group resets its pair), one buffer per (device, stream) so
+# Counters of the tensor-core split kernel with several splits (the balanced mode's slice counter
+# and the completion count that picks the CTA which combines): two int32 per (request, kv head,
+# row block), zero between launches (the last CTA of each group resets its pair), one buffer per
+# (device, stream) so
 # that decodes on different streams never share a counter. Sized once for large batches: growing
 # it inside a CUDA-graph capture would capture its zero-fill too (correct, one node more).
 _SEMAPHORES: dict = {}
@@ -299,7 +301,7 @@ FUSE_MAX_SPLITS = 16
 
 
 def semaphores(device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters (>= count) for the balanced split kernel on the current stream."""
+    """Zeroed int32 counters (>= count) for the tensor-core split kernel on the current stream."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     buf = _SEMAPHORES.get(key)
     if buf is None or buf.numel() < count:

@@ -17,6 +17,7 @@ from atom_backend.tolerances import assert_close, assert_lse_close
 from hip_kernels import decode
 from tests.test_decode_kernel import CASES, _split_opts, make_batch, reference
 
+FP8 = getattr(torch, "float8_e4m3fn", None)
 _MMA_CASES = [n for n in CASES if CASES[n][3] in decode.MMA_HEAD_DIMS]
 
 
@@ -126,6 +127,3 @@ def test_balance_pays_only_on_a_full_grid_of_16_bit_kv():
     assert not pays(64, 1), "one split has nothing to balance"
     if FP8 is not None:
         assert not pays(1, full, kv_dtype=FP8), "FP8 runs fixed ranges"
-
-
-FP8 = getattr(torch, "float8_e4m3fn", None)

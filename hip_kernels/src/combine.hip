@@ -13,7 +13,7 @@
 // groups (a power of two, chosen by hip_kernels/combine.py): group g takes splits g, g + groups,
 // ... Few pairs with many splits (one long request) then still spread their loads over many
 // threads, one round trip deep; the groups merge through shared memory.
-#include "atom_device.h"
+#include "splitkv_combine.h"
 
 #ifndef COMBINE_OUT
 #define COMBINE_OUT 1
@@ -45,26 +45,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
   float m = neg_inf();
   float sum = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (live) {
-#pragma unroll 4
-    for (i64 s = grp; s < num_splits; s += groups) m = fmax_(m, lse_partial[s * split_stride_lse + pair]);
-    if (m != neg_inf()) {
-#pragma unroll 4
-      for (i64 s = grp; s < num_splits; s += groups) {
-        const float w = exp_(lse_partial[s * split_stride_lse + pair] - m);
-        // an empty split (lse -inf, w = 0) may leave its o_s unwritten: loaded (in bounds of the
-        // workspace) but never used, so no NaN of stale memory reaches acc
-        const u32x4 v = load16(o_partial + (s * split_stride_lse + pair) * head_dim + d0);
-        if (w > 0.f) {
-          acc[0] += w * u32_as_f32(v.x);
-          acc[1] += w * u32_as_f32(v.y);
-          acc[2] += w * u32_as_f32(v.z);
-          acc[3] += w * u32_as_f32(v.w);
-        }
-        sum += w;
-      }
-    }
-  }
+  if (live)
+    combine_splits4<false>(lse_partial + pair, split_stride_lse, o_partial + pair * head_dim + d0,
+                           split_stride_lse * head_dim, grp, groups, num_splits, m, sum, acc);
   if (groups > 1) {  // uniform: merge the groups of each pair into group 0
     sm_m[t] = m;
     sm_sum[t] = sum;

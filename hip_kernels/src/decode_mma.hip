@@ -31,6 +31,7 @@
 // Dynamic shared memory: smem_bytes() below; hip_kernels/decode.py mirrors it (_mma_smem_bytes).
 
 #include "atom_mma.h"
+#include "splitkv_combine.h"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -130,6 +131,9 @@ ATOM_DEV u32 fp8x2_to_f16x2(u32 w) {
 #endif
 }
 
+#if TIMELINE && !ATOM_NVIDIA
+#error "TIMELINE reads %globaltimer and %smid (NVIDIA only)"
+#endif
 #if TIMELINE
 ATOM_DEV unsigned long long now_ns() {
   unsigned long long t;
@@ -238,7 +242,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // [entry, first chunk landed, loop done, end, sm]: 8 u64 per CTA after the workspace.
   unsigned long long* tl = reinterpret_cast<unsigned long long*>(
       o_partial + (((long long)num_splits * total_q * num_q_heads * (D + 1) + 1) & ~1LL)) +
-      8 * (((long long)s * gridDim.y + b) * gridDim.x + blockIdx.x);
+      8 * (((long long)s * atom::gdim_y() + b) * atom::gdim_x() + atom::bid_x());
   if (tid == 0) {
     tl[0] = now_ns();
     tl[4] = sm_id();
@@ -266,7 +270,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   }
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
-  // Balanced (sem given, several splits): the CTAs of one (kv head, row block, request) share its
+  // Balanced (`balanced`, counters given, several splits): the CTAs of one (kv head, row block, request) share its
   // whole visible range, cut into KPW-key slices that warps claim from a counter; a split's partial
   // then covers the slices its warps took. Static: split s owns a contiguous range.
   const bool dyn = BALANCE && balanced != 0 && sem != nullptr && num_splits > 1;
@@ -714,21 +718,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         const int t = rg / group;
         const int h = g * group + (rg - t * group);
         const long long row = (long long)(q0 + t) * num_q_heads + h;
-        float mx = NEG_INF;
-        for (int sp = 0; sp < num_splits; ++sp) mx = atom::fmax_(mx, atom::loadf_device(lse_partial + sp * split_rows + row));
-        float lsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (mx != NEG_INF) {
-          for (int sp = 0; sp < num_splits; ++sp) {
-            const float w = atom::exp_(atom::loadf_device(lse_partial + sp * split_rows + row) - mx);
-            // an empty split's o is 0 (written by its CTA): weight 0 or not, it adds nothing
-            const u32x4 v = atom::load16_device(o_partial + (sp * split_rows + row) * D + d);
-            lsum += w;
-            acc[0] += w * atom::u32_as_f32(v.x);
-            acc[1] += w * atom::u32_as_f32(v.y);
-            acc[2] += w * atom::u32_as_f32(v.z);
-            acc[3] += w * atom::u32_as_f32(v.w);
-          }
-        }
+        float mx, lsum, acc[4];
+        atom::combine_splits4<true>(lse_partial + row, split_rows, o_partial + row * D + d, split_rows * D, 0, 1,
+                                    num_splits, mx, lsum, acc);
         const float lse = lsum > 0.f ? mx + atom::log_(lsum) : NEG_INF;
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         if (sinks != nullptr && lsum > 0.f) inv *= 1.f / (1.f + atom::exp_(sinks[h] - lse));
