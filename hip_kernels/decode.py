@@ -296,7 +296,8 @@ _MIN_SEMAPHORES = 1 << 16
 
 
 # Splits the last CTA of a group still combines faster than a combine launch (H100, session 18:
-# 8 x 32k at 4 splits -1.3 us; 1 x 128k at 32 even; FP8 at 63 splits +9 us: one CTA walks them).
+# 8 x 32k at 4 splits -1.3 us; 1 x 128k at 32 even, also with session 19's one-pass combine;
+# FP8 at 63 splits +5 us: fixed ranges end apart and the last CTA starts the combine late).
 FUSE_MAX_SPLITS = 16
 
 

@@ -46,7 +46,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
   float sum = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (live)
-    combine_splits4<false>(lse_partial + pair, split_stride_lse, o_partial + pair * head_dim + d0,
+    combine_splits4<false, 8>(lse_partial + pair, split_stride_lse, o_partial + pair * head_dim + d0,
                            split_stride_lse * head_dim, grp, groups, num_splits, m, sum, acc);
   if (groups > 1) {  // uniform: merge the groups of each pair into group 0
     sm_m[t] = m;

@@ -147,6 +147,11 @@ ATOM_DEV unsigned int sm_id() {
 }
 #endif
 
+template <bool B>
+struct flag {
+  static constexpr bool value = B;
+};
+
 ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
 ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
 ATOM_DEV int shfl_i(int v, int src) { return (int)atom::f32_as_u32(atom::shfl(atom::u32_as_f32((u32)v), src)); }
@@ -313,6 +318,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const long long tok_bytes = v_role ? v_tok_bytes : k_tok_bytes;
   const float* descale = v_role ? v_descale : k_descale;
   long long off = -1, fidx = 0;
+  bool full = false;  // every key of the slice in `off` is in range: its copies need no predicate
   // The page id of a chunk is loaded one chunk before its offset is formed: the load's latency
   // passes under a chunk's math instead of stalling the warp in lookup (FP8 -2.5 to -4%).
   int pid = -1;
@@ -323,6 +329,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   };
   auto lookup = [&](int u) {
     const int v = u * KPW + role_key;
+    full = u * KPW + KPW <= vcount;
     off = -1;
     if (role_key < KPW && v < vcount) {
       const int j = key_of(v);
@@ -335,16 +342,27 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   auto issue = [&](int c) {
     char* stg = ring + (c % NST) * STAGE_BYTES;
     const u32 off_lo = (u32)off, off_hi = (u32)((unsigned long long)off >> 32);
+    auto copies = [&](auto checked) {
 #pragma unroll
-    for (int t = 0; t < NCP; ++t) {
-      const int i = lane + WARP * t;
-      const int k = i / CPK, part = i % CPK;
-      const long long ko = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, k) << 32) | (u32)shfl_i((int)off_lo, k));
-      const long long vo = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, HALF + k) << 32) |
-                                       (u32)shfl_i((int)off_lo, HALF + k));
-      atom::copy16_async(stg + k * KEYB + kchunk(k, part) * 16, kb + (ko >= 0 ? ko : 0) + part * 16, ko >= 0);
-      atom::copy16_async(stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16, vb + (vo >= 0 ? vo : 0) + part * 16, vo >= 0);
-    }
+      for (int t = 0; t < NCP; ++t) {
+        const int i = lane + WARP * t;
+        const int k = i / CPK, part = i % CPK;
+        const long long ko = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, k) << 32) | (u32)shfl_i((int)off_lo, k));
+        const long long vo = (long long)(((unsigned long long)(u32)shfl_i((int)off_hi, HALF + k) << 32) |
+                                         (u32)shfl_i((int)off_lo, HALF + k));
+        char* kd = stg + k * KEYB + kchunk(k, part) * 16;
+        char* vd = stg + KPW * KEYB + k * KEYB + vchunk(k, part) * 16;
+        if constexpr (decltype(checked)::value) {
+          atom::copy16_async(kd, kb + (ko >= 0 ? ko : 0) + part * 16, ko >= 0);
+          atom::copy16_async(vd, vb + (vo >= 0 ? vo : 0) + part * 16, vo >= 0);
+        } else {
+          atom::copy16_async(kd, kb + ko + part * 16);
+          atom::copy16_async(vd, vb + vo + part * 16);
+        }
+      }
+    };
+    if (full) copies(flag<false>{});
+    else copies(flag<true>{});
     if (FP8 && per_page && role_key < KPW) {
       float* fac = reinterpret_cast<float*>(stg + 2 * KPW * KEYB);
       atom::copy4_async(fac + (v_role ? KPW : 0) + role_key, descale + (off >= 0 ? fidx : 0), off >= 0);
@@ -719,8 +737,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         const int h = g * group + (rg - t * group);
         const long long row = (long long)(q0 + t) * num_q_heads + h;
         float mx, lsum, acc[4];
-        atom::combine_splits4<true>(lse_partial + row, split_rows, o_partial + row * D + d, split_rows * D, 0, 1,
-                                    num_splits, mx, lsum, acc);
+        atom::combine_splits4<true, 8>(lse_partial + row, split_rows, o_partial + row * D + d, split_rows * D, 0, 1,
+                                        num_splits, mx, lsum, acc);
         const float lse = lsum > 0.f ? mx + atom::log_(lsum) : NEG_INF;
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         if (sinks != nullptr && lsum > 0.f) inv *= 1.f / (1.f + atom::exp_(sinks[h] - lse));
