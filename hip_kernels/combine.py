@@ -80,8 +80,9 @@ def combine(
 
 def split_groups(num_splits: int, head_dim: int) -> int:
     """Thread groups per (q, h) pair that share its splits: the power of two covering the splits,
-    at most what one block holds. One group per split keeps each thread one load deep, however
-    few the pairs (one long request: 32 pairs x 32 splits)."""
+    at most what one block holds. A thread loads its splits 8 at a time (splitkv_combine.h), so
+    up to 8 splits per group is one round trip, however few the pairs (one long request: 32
+    pairs x 32 splits)."""
     g = 1
     while g < num_splits and 2 * g * (head_dim // 4) <= THREADS:
         g *= 2
