@@ -4,9 +4,10 @@
 splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combine` merges the
 splits and applies the per-head sinks once. The tensor-core kernel needs no combine launch: with
 one split it writes the output and lse itself, with up to FUSE_MAX_SPLITS the last CTA of each
-(kv head, row block, request) combines its group's partials (completion counters in `semaphores`). No host synchronisation: every check here reads
-shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph capturable when the
-caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks it).
+(kv head, row block, request) combines its group's partials (completion counters in
+`semaphores`). No host synchronisation: every check here reads shapes, dtypes, strides and Python
+numbers only, so the call is CUDA-graph capturable when the caller passes a fixed `workspace` and
+a fixed `num_splits` (the planner picks it).
 
 Semantics follow DESIGN.md: query i of a request with sq new tokens and sk keys sits at
 sk - sq + i; sliding window W keeps keys j > p - W, StreamingLLM sink tokens j < S stay visible;
@@ -84,6 +85,11 @@ def _mma_variant(head_dim: int, q_code: int, kv_code: int, tune=None):
 
 
 @functools.lru_cache(maxsize=None)
+def _mma_row_blocks(max_query_len: int, group: int) -> int:
+    """16-row blocks of the tensor-core kernel per (request, kv head): query tokens x GQA heads."""
+    return -(-(max_query_len * group) // MMA_ROWS)
+
+
 def _mma_smem_bytes(variant) -> int:
     """Dynamic shared memory of a decode_mma.hip variant (mirrors SMEM_BYTES there)."""
     dd = dict(variant.defines)
@@ -288,9 +294,9 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
 # Counters of the tensor-core split kernel with several splits (the balanced mode's slice counter
 # and the completion count that picks the CTA which combines): two int32 per (request, kv head,
 # row block), zero between launches (the last CTA of each group resets its pair), one buffer per
-# (device, stream) so
-# that decodes on different streams never share a counter. Sized once for large batches: growing
-# it inside a CUDA-graph capture would capture its zero-fill too (correct, one node more).
+# (device, stream) so that decodes on different streams never share a counter. Sized once for
+# large batches: growing it inside a CUDA-graph capture would capture its zero-fill too (correct,
+# one node more).
 _SEMAPHORES: dict = {}
 _MIN_SEMAPHORES = 1 << 16
 
@@ -326,8 +332,7 @@ def balance_pays(q, k_cache, cu_seqlens_q, num_splits: int, max_query_len: int) 
     if not isinstance(q, torch.Tensor) or q.dim() != 3 or k_cache.dim() != 4 or q.device.type != "cuda":
         return False
     hk = k_cache.shape[2]
-    row_blocks = -(-(max_query_len * (q.shape[1] // max(hk, 1))) // MMA_ROWS)
-    ctas = (cu_seqlens_q.shape[0] - 1) * hk * row_blocks * num_splits
+    ctas = (cu_seqlens_q.shape[0] - 1) * hk * _mma_row_blocks(max_query_len, q.shape[1] // max(hk, 1)) * num_splits
     return 10 * ctas >= 9 * _num_sms(q.device) * MMA_CTAS_PER_SM[2]
 
 
@@ -422,7 +427,7 @@ def _split_kernel(
             mkf, mvf = _as_float("k_scale", k_scale), _as_float("v_scale", v_scale)
         else:
             mkf = mvf = 1.0
-        row_blocks = -(-(max_query_len * group) // MMA_ROWS)
+        row_blocks = _mma_row_blocks(max_query_len, group)
         var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
         if _tune:  # benchmarking knob: extra defines
             var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)

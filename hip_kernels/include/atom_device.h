@@ -276,8 +276,8 @@ ATOM_DEV u32x4 load16_device(const void* p) {
 // Global -> shared copies that overlap with compute where the hardware allows.
 // NVIDIA (sm_80+): cp.async, completion tracked per thread in commit groups; pred == false
 // zero-fills the destination without reading the source (the predicated form costs ~0.3% of a
-// memory-bound stream against the plain one: bench/stream_probe.cu, MIMIC). Elsewhere: a plain load and store
-// (correct, not overlapped), and commit / wait are no-ops.
+// memory-bound stream against the plain one: bench/stream_probe.cu, MIMIC). Elsewhere: a plain
+// load and store (correct, not overlapped), and commit / wait are no-ops.
 // ---------------------------------------------------------------------------------------------
 #if ATOM_NVIDIA
 ATOM_DEV void copy16_async(void* smem_dst, const void* gsrc, bool pred) {

@@ -12,7 +12,7 @@
 // Threads: 4 consecutive d of one (q, h) pair (16-byte loads of the partials) x `groups` split
 // groups (a power of two, chosen by hip_kernels/combine.py): group g takes splits g, g + groups,
 // ... Few pairs with many splits (one long request) then still spread their loads over many
-// threads, one round trip deep; the groups merge through shared memory.
+// threads, one round trip per 8 splits of a group; the groups merge through shared memory.
 #include "splitkv_combine.h"
 
 #ifndef COMBINE_OUT
@@ -47,7 +47,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (live)
     combine_splits4<false, 8>(lse_partial + pair, split_stride_lse, o_partial + pair * head_dim + d0,
-                           split_stride_lse * head_dim, grp, groups, num_splits, m, sum, acc);
+                              split_stride_lse * head_dim, grp, groups, num_splits, m, sum, acc);
   if (groups > 1) {  // uniform: merge the groups of each pair into group 0
     sm_m[t] = m;
     sm_sum[t] = sum;

@@ -275,9 +275,10 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   }
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
-  // Balanced (`balanced`, counters given, several splits): the CTAs of one (kv head, row block, request) share its
-  // whole visible range, cut into KPW-key slices that warps claim from a counter; a split's partial
-  // then covers the slices its warps took. Static: split s owns a contiguous range.
+  // Balanced (`balanced`, counters given, several splits): the CTAs of one (kv head, row block,
+  // request) share its whole visible range, cut into KPW-key slices that warps claim from a
+  // counter; a split's partial then covers the slices its warps took. Static: split s owns a
+  // contiguous range.
   const bool dyn = BALANCE && balanced != 0 && sem != nullptr && num_splits > 1;
   const int n_sink = (window > 0 && (s == 0 || dyn)) ? imin(sink_tokens, lo) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
