@@ -4,7 +4,9 @@ bandwidth and against peers on the same shapes, in one process (DESIGN.md "Perfo
 Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64 x 4k,
 8 x 32k, 1 x 128k context; and the same with an FP8 e4m3 cache (per-tensor and per-page scales).
 Peers: torch SDPA decode on dense KV (cuDNN and flash backends) and the Triton unified decode
-(`atom_backend.unified.paged_decode`) when it exists. Splits: the planner's choice, plus a sweep
+(`atom_backend.unified.paged_decode`) when it exists. Pages are shuffled (the worst placement a
+long-running block pool can produce); bf16 is also timed with each request's pages in order, the
+placement closest to the peers' dense KV, and reported beside it. Splits: the planner's choice, plus a sweep
 (`--sweep`) to check the planner's rule. Every KV set is far larger than L2 (>= 512 MiB), so no
 rotation is needed; timings are medians of triton.testing.do_bench over CUDA-graph replays of
 one decode step (how vLLM runs decode; every peer gets the same treatment), so they hold kernel
@@ -44,8 +46,10 @@ def copy_bandwidth() -> float:
     return copy_bandwidth_gbs() * 1e9
 
 
-def build(batch: int, ctx: int, kv: str, seed: int = 0):
-    """Paged cache with pages in random order; q random; FP8 values spread over e4m3's range."""
+def build(batch: int, ctx: int, kv: str, seed: int = 0, in_order: bool = False):
+    """Paged cache with pages in random order (`in_order`: each request's pages consecutive in the
+    pool, as a fresh block pool hands out a prompt's blocks); q random; FP8 values spread over
+    e4m3's range."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     npages = -(-ctx // BS)
     nb = batch * npages + 16
@@ -53,7 +57,8 @@ def build(batch: int, ctx: int, kv: str, seed: int = 0):
     k = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
     v = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
     perm = list(range(nb))
-    random.Random(seed).shuffle(perm)
+    if not in_order:
+        random.Random(seed).shuffle(perm)
     bt = torch.tensor(perm[: batch * npages], dtype=torch.int32, device="cuda").view(batch, npages)
     q = torch.randn((batch, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
@@ -227,6 +232,12 @@ def main(argv=None) -> None:
                 record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)),
                        nbytes, "default")
             if kv == "bf16":
+                # Dense KV (the peers' input) against the same pages in order: what of the gap is
+                # page placement (reported beside the shuffled pages, never instead).
+                co = build(b, ctx, kv, in_order=True)
+                ours["bf16_in_order"] = record("ours_pages_in_order", shape, kv, planned, bench_ms(run_ours(co, planned)),
+                                               nbytes, "planned")
+                del co
                 tf = triton_fn(c, planned)
                 if tf is not None:
                     peers["triton_unified"] = record("triton_unified", shape, kv, planned, bench_ms(tf), nbytes)
@@ -234,10 +245,17 @@ def main(argv=None) -> None:
             torch.cuda.empty_cache()
         summary.append((shape, ours, peers))
 
-    print("\n# summary (planner's splits per KV dtype): time ratios are peer time / our time; "
+    def in_order(ours, peers):
+        io = ours.get("bf16_in_order")
+        if io is None:
+            return ""
+        vs = f"{peers['sdpa_cudnn']['ms'] / io['ms']:.3f}x" if "sdpa_cudnn" in peers else "-"
+        return f" {io['ms'] * 1e3:11.1f} {vs:>9}"
+
+    print("\n# summary (planner's splits per KV dtype; pages shuffled unless the column says in order): time ratios are peer time / our time; "
           "fp8 x = bf16 time / fp8 time")
     print(f"{'shape':>12} {'S':>3} {'bf16 us':>8} {'%copy':>6} {'S8':>3} {'fp8 us':>7} {'fp8 x':>6} {'fp8pg us':>8} "
-          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9}")
+          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9} {'in order us':>11} {'vs cudnn':>9}")
     for shape, ours, peers in summary:
         bp, ft, fp = ours["bf16"], ours["fp8_tensor"], ours["fp8_page"]
         ratio = []
@@ -246,7 +264,7 @@ def main(argv=None) -> None:
             ratio.append(f"{peers[key]['ms'] / bp['ms']:.3f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
         print(f"{shape[0]:>4}x{shape[1]:<7} {bp['splits']:>3} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
               f"{ft['splits']:>3} {ft['ms'] * 1e3:7.1f} {bp['ms'] / ft['ms']:6.2f} {fp['ms'] * 1e3:8.1f} "
-              f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio))
+              f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio) + in_order(ours, peers))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)

@@ -33,9 +33,7 @@ def case_fn(case, b, ctx, splits=None, sequential=False):
     if case == "cudnn":
         return sdpa_fns(b, ctx)["sdpa_cudnn"], None
     kv = {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[case]
-    c = build(b, ctx, kv)
-    if sequential:
-        c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
+    c = build(b, ctx, kv, in_order=sequential)
     s = splits or planned_splits(b, ctx, case)
     return run_ours(c, s), c
 
@@ -231,11 +229,9 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
         print(f"{b}x{ctx} cudnn {t_cudnn * 1e3 if t_cudnn else 0:.1f} us", flush=True)
         torch.cuda.empty_cache()
         for kv in kvs.split(","):
-            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv], in_order=sequential)
             if ragged:
                 c["sl"] = torch.tensor([1, 16, 17, 700, 2048, ctx], dtype=torch.int32, device="cuda")
-            if sequential:
-                c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
             if hnd:  # head-major pages: a head's tokens of a page are one contiguous block
                 for name in ("k", "v"):
                     c[name] = c[name].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
