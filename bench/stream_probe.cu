@@ -1,10 +1,13 @@
 // Read engines for the decode's KV stream, without the attention math (bench/stream_probe.py).
 //
-// Every kernel reads the K and V of one (kv head g, request b) per CTA, grid (kv heads, batch),
-// through the request's row of the page table (page PAGE tokens), and throws the bytes away: the
-// question is which way of moving them reaches the memory's speed, not what is done with them.
+// Every kernel but page_heads reads the K and V of one (kv head g, request b) per CTA, grid (kv
+// heads, batch), through the request's row of the page table (page PAGE tokens), and throws the
+// bytes away: the question is which way of moving them reaches the memory's speed, not what is
+// done with them.
 //   warp_ring:  each warp its own ring of one-page chunks, 16-byte cp.async per lane (what
 //               decode_mma.hip does today).
+//   page_heads: whole pages: a CTA takes all kv heads of a range of a request's pages, each warp
+//               two heads, so the CTA reads half a page (16 KB contiguous) at a time.
 //   cta_ring:   one ring per CTA, CHUNK_PAGES pages per stage, every lane copies 16-byte pieces,
 //               one barrier per stage.
 //   tma_nhd:    one lane issues a 3-D tensor copy per page (box: all dims x 1 head x PAGE tokens)
@@ -140,6 +143,42 @@ extern "C" __global__ void __launch_bounds__(128) warp_ring(ARGS) {
       if (c + NST < n) next = row[4 * (c + NST) + warp];
       issue(c + NST - 1, pid);
     }
+    commit();
+    wait_groups<NST - 1>();
+    __syncwarp();
+  }
+  wait_groups<0>();
+}
+
+// Whole pages: CTA (x, b) reads pages [x * pages / heads, (x + 1) * pages / heads) of request b
+// with all its kv heads, warp w heads 2w and 2w + 1 (8 kv heads, 4 warps), half a page (8 tokens x
+// 2 heads = 16 rows) per stage: the CTA's four warps read one half page, 16 KB contiguous in
+// token-major pages, where warp_ring's CTAs read one head's 16 rows at a page's token stride.
+extern "C" __global__ void __launch_bounds__(128) page_heads(ARGS) {
+  const int x = blockIdx.x, b = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  char* ring = smem + warp * NST * 2 * PAGEB;
+  const int per = pages / heads;
+  const int* row = table + (long long)b * width + x * per;
+  const char* kb = k + 2 * warp * head_bytes;
+  const char* vb = v + 2 * warp * head_bytes;
+  const int n = 2 * per;  // half pages
+  auto issue = [&](int c, int pid) {
+    char* st = ring + (c % NST) * 2 * PAGEB;
+    const long long base = (long long)pid * page_bytes + (c % 2) * (PAGE / 2) * tok_bytes;
+#pragma unroll
+    for (int t = 0; t < PAGE * PARTS / 32; ++t) {
+      const int i = lane + 32 * t, r = i / PARTS, part = i % PARTS;
+      const long long o = base + (r / 2) * tok_bytes + (r % 2) * head_bytes + part * 16;
+      cp16(st + r * ROWB + ((part ^ (r & 7)) * 16), kb + o);
+      cp16(st + PAGEB + r * ROWB + ((part ^ (r & 7)) * 16), vb + o);
+    }
+  };
+  for (int c = 0; c < NST - 1; ++c) {
+    if (c < n) issue(c, row[c / 2]);
+    commit();
+  }
+  for (int c = 0; c < n; ++c) {
+    if (c + NST - 1 < n) issue(c + NST - 1, row[(c + NST - 1) / 2]);
     commit();
     wait_groups<NST - 1>();
     __syncwarp();

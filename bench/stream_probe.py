@@ -26,7 +26,7 @@ from bench.decode_profile import planned_splits
 
 SRC = pathlib.Path(__file__).with_name("stream_probe.cu")
 PAGE = 16
-KERNELS = ("warp_ring", "cta_ring", "tma_nhd", "tma_hnd", "bulk_hnd", "regs")
+KERNELS = ("warp_ring", "page_heads", "cta_ring", "tma_nhd", "tma_hnd", "bulk_hnd", "regs")
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +91,7 @@ def launcher(mod, name: str, c, layout: str, nst: int, chunk_pages: int, min_sme
     else:
         page_b, tok_b, head_b = HK * PAGE * 2 * D, 2 * D, PAGE * 2 * D
     pageb = PAGE * 2 * D
-    if name == "warp_ring":
+    if name in ("warp_ring", "page_heads"):
         smem = 4 * nst * 2 * pageb
     elif name == "regs":
         smem = 0
@@ -135,9 +135,7 @@ def main(argv=None):
     t_cudnn = bench_ms(graphed(sdpa_fns(batch, ctx)["sdpa_cudnn"]))
     report("sdpa_cudnn (dense)", t_cudnn)
     torch.cuda.empty_cache()
-    c = build(batch, ctx, "bf16")
-    if args.sequential:
-        c["bt"] = torch.arange(c["bt"].numel(), dtype=torch.int32, device="cuda").view_as(c["bt"])
+    c = build(batch, ctx, "bf16", in_order=args.sequential)
     s = planned_splits(batch, ctx)
     report(f"ours, decode (S={s})", bench_ms(graphed(run_ours(c, s))), t_cudnn)
     report(f"ours, partials (S={s})", bench_ms(graphed(run_ours(c, s, with_combine=False))), t_cudnn)
@@ -150,9 +148,11 @@ def main(argv=None):
         nst, cp_ = (int(x) for x in cfg.split("x"))
         mod = load(nst, cp_)
         for name in KERNELS:
-            if name in ("warp_ring", "regs") and cp_ != 1:
+            if name in ("warp_ring", "page_heads", "regs") and cp_ != 1:
                 continue  # these take one page per warp per stage
-            for layout in (("nhd", "hnd") if name in ("warp_ring", "cta_ring", "regs") else
+            if name == "page_heads" and (HK != 8 or c["pages"] % HK):
+                continue  # two heads per warp of four, whole pages split over HK CTAs
+            for layout in (("nhd",) if name == "page_heads" else ("nhd", "hnd") if name in ("warp_ring", "cta_ring", "regs") else
                            (("nhd",) if name == "tma_nhd" else ("hnd",))):
                 if (name == "regs" and nst != 2) or (name.startswith("tma") and c["maps"] is None):
                     continue
@@ -166,8 +166,9 @@ def main(argv=None):
         if cp_ == 1:  # the current kernel's addressing on the same ring
             run, smem = launcher(load(nst, 1, mimic=1), "warp_ring", c, "nhd", nst, 1)
             report(f"warp_ring nhd st{nst} MIMIC {smem // 1024}KB", bench_ms(graphed(run)), t_cudnn)
-            run, smem = launcher(mod, "warp_ring", c, "nhd", nst, 1, min_smem=100 * 1024)
-            report(f"warp_ring nhd st{nst} 2 CTAs/SM {smem // 1024}KB", bench_ms(graphed(run)), t_cudnn)
+            for name in ("warp_ring", "page_heads"):
+                run, smem = launcher(mod, name, c, "nhd", nst, 1, min_smem=100 * 1024)
+                report(f"{name} nhd st{nst} 2 CTAs/SM {smem // 1024}KB", bench_ms(graphed(run)), t_cudnn)
 
 
 if __name__ == "__main__":
