@@ -155,6 +155,17 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise PlanError(f"{name}={raw!r} is not an integer") from None
 
 
+def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise PlanError(f"{name}={raw!r} is not a flag (1/0, true/false, yes/no, on/off)")
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """Every routing threshold, with its environment override (documented in the README)."""
@@ -190,15 +201,15 @@ class PlannerConfig:
                             "(ATOM_DECODE_WAVE_FILL, percent, default 95)")
         return cls(
             force_path=env.get("ATOM_FORCE_PATH", "").strip().lower(),
-            disable_varlen=env.get("ATOM_DISABLE_VARLEN", "0").strip().lower() in ("1", "true", "yes", "on"),
+            disable_varlen=_env_flag(env, "ATOM_DISABLE_VARLEN", False),
             decode_max_query_tokens=_env_int(env, "ATOM_DECODE_MAX_QUERY_TOKENS", 1),
             varlen_min_new_tokens=_env_int(env, "ATOM_VARLEN_MIN_NEW_TOKENS", 8),
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
             max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
-            cost_routing=env.get("ATOM_COST_ROUTING", "1").strip().lower() not in ("0", "false", "no", "off"),
-            deterministic_decode=env.get("ATOM_DETERMINISTIC_DECODE", "0").strip().lower() in ("1", "true", "yes", "on"),
+            cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
+            deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
         )
 
 

@@ -22,6 +22,16 @@ from atom_backend.kernels import platform_for
 from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
 
 
+# Short case names of the diagnostics -> bench.decode.build's KV kinds.
+KV_KINDS = {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}
+# Keys of a tune that are launch options, not kernel defines.
+LAUNCH_KEYS = ("balanced", "splits")
+
+
+def kernel_defines(tune) -> dict:
+    return {k: v for k, v in (tune or {}).items() if k not in LAUNCH_KEYS}
+
+
 def planned_splits(b, ctx, case="bf16"):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kv, mode = {"bf16": ("bf16", "none"), "fp8t": ("fp8_e4m3", "per_tensor"), "fp8p": ("fp8_e4m3", "per_page")}[case]
@@ -32,7 +42,7 @@ def planned_splits(b, ctx, case="bf16"):
 def case_fn(case, b, ctx, splits=None, sequential=False):
     if case == "cudnn":
         return sdpa_fns(b, ctx)["sdpa_cudnn"], None
-    kv = {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[case]
+    kv = KV_KINDS[case]
     c = build(b, ctx, kv, in_order=sequential)
     s = splits or planned_splits(b, ctx, case)
     return run_ours(c, s), c
@@ -229,7 +239,7 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
         print(f"{b}x{ctx} cudnn {t_cudnn * 1e3 if t_cudnn else 0:.1f} us", flush=True)
         torch.cuda.empty_cache()
         for kv in kvs.split(","):
-            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv], in_order=sequential)
+            c = build(b, ctx, KV_KINDS[kv], in_order=sequential)
             if ragged:
                 c["sl"] = torch.tensor([1, 16, 17, 700, 2048, ctx], dtype=torch.int32, device="cuda")
             if hnd:  # head-major pages: a head's tokens of a page are one contiguous block
@@ -237,7 +247,7 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                     c[name] = c[name].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
             ref_out = None
             for tune in variants:
-                defines = {k: v for k, v in (tune or {}).items() if k not in ("balanced", "splits")}
+                defines = kernel_defines(tune)
                 bal = bool((tune or {}).get("balanced"))
                 per_sm = ctas_per_sm(defines, codes[kv])
                 s = 3 if ragged else whole_wave_splits(b * HK, sms * per_sm, max(1, min(64, ctx // 256)))
@@ -278,7 +288,7 @@ def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
     extra = [{}] + (json.loads(spec) if spec else [])
     for b, ctx in shapes:
         for kv in kvs.split(","):
-            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            c = build(b, ctx, KV_KINDS[kv])
             s = splits or planned_splits(b, ctx, kv)
             for tune in extra:
                 need = decode.workspace_elems(s, b, HQ, D)
@@ -288,7 +298,7 @@ def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
                 for _ in range(3):
                     decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
                                          num_splits=s, workspace=ws, impl="mma",
-                                         _tune={"TIMELINE": 1, **{k: v for k, v in tune.items() if k != "balanced"}},
+                                         _tune={"TIMELINE": 1, **kernel_defines(tune)},
                                          balanced=bool(tune.get("balanced")), final=(out, None, None), **c["scales"])
                 torch.cuda.synchronize()
                 start = (need + 1) & ~1
@@ -333,7 +343,7 @@ def variants():
         print(f"{b}x{ctx} cudnn {t_cudnn * 1e3:.1f}", flush=True)
         torch.cuda.empty_cache()
         for kv in ("bf16", "fp8t", "fp8p"):
-            c = build(b, ctx, {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}[kv])
+            c = build(b, ctx, KV_KINDS[kv])
             for s in sweep[(b, ctx)]:
                 t = bench_ms(run_ours(c, s))
                 nbytes = kv_bytes(b, ctx, 2 if kv == "bf16" else 1)

@@ -117,6 +117,10 @@ def test_env_overrides_and_bad_values():
     assert PlannerConfig.from_env({}) == PlannerConfig()
     assert PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "1"}).deterministic_decode
     assert not PlannerConfig().deterministic_decode
+    assert PlannerConfig.from_env({"ATOM_COST_ROUTING": "Off", "ATOM_DISABLE_VARLEN": "no"}) == PlannerConfig(
+        cost_routing=False)
+    with pytest.raises(PlanError, match="ATOM_DETERMINISTIC_DECODE"):
+        PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "sometimes"})
     with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
         PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
     with pytest.raises(PlanError, match="not an integer"):

@@ -77,14 +77,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(COMBINE_THREADS) atom_combine_spli
   }
   if (!live) return;
   const i64 h = pair % num_heads, q = pair / num_heads;
-  float lse = neg_inf();
-  if (m != neg_inf()) {
-    lse = m + log_(sum);
-    float inv = 1.f / sum;
-    if (sinks) inv *= 1.f / (1.f + exp_(sinks[h] - lse));  // sigmoid(lse - sink)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[j] *= inv;
-  }
+  const float lse = finish_combined4(m, sum, acc, sinks, h);
   const i64 o_off = q * out_row_stride + h * out_head_stride + d0;
 #if COMBINE_OUT == 3
   store16(reinterpret_cast<float*>(out) + o_off,

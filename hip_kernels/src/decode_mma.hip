@@ -700,7 +700,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     const int h = g * group + hh;
     if (out != nullptr && num_splits == 1) {
       // One split: this is the answer (the combine's sink factor sigmoid(lse - sink) included).
-      const float w = sinks != nullptr && lsum > 0.f ? 1.f / (1.f + atom::exp_(sinks[h] - lse)) : 1.f;
+      const float w = lsum > 0.f ? atom::sink_factor(lse, sinks, h) : 1.f;
       out[(long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d] = atom::from_f32(QT{}, o_val * w);
       if (d == 0 && lse_out != nullptr) lse_out[(long long)(q0 + t) * num_q_heads + h] = lse;
     } else {
@@ -740,12 +740,10 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         float mx, lsum, acc[4];
         atom::combine_splits4<true, 8>(lse_partial + row, split_rows, o_partial + row * D + d, split_rows * D, 0, 1,
                                         num_splits, mx, lsum, acc);
-        const float lse = lsum > 0.f ? mx + atom::log_(lsum) : NEG_INF;
-        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-        if (sinks != nullptr && lsum > 0.f) inv *= 1.f / (1.f + atom::exp_(sinks[h] - lse));
+        const float lse = atom::finish_combined4(mx, lsum, acc, sinks, h);
         unsigned short* o = out + (long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o[j] = atom::from_f32(QT{}, acc[j] * inv);
+        for (int j = 0; j < 4; ++j) o[j] = atom::from_f32(QT{}, acc[j]);
         if (d == 0 && lse_out != nullptr) lse_out[row] = lse;
       }
     }

@@ -47,4 +47,23 @@ ATOM_DEV void combine_splits4(const float* lse, i64 lse_stride, const float* o, 
   }
 }
 
+// DESIGN.md's per-head sink logit, applied once after the combine: o *= sigmoid(lse - sink).
+ATOM_DEV float sink_factor(float lse, const float* sinks, i64 h) {
+  return sinks != nullptr ? 1.f / (1.f + exp_(sinks[h] - lse)) : 1.f;
+}
+
+// A combined row (m, sum, acc from combine_splits4) -> its output: acc becomes o with the sinks
+// applied; returns the lse without the sinks (-inf and o = 0 where every split was empty).
+ATOM_DEV float finish_combined4(float m, float sum, float (&acc)[4], const float* sinks, i64 h) {
+  if (!(sum > 0.f)) {
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    return neg_inf();
+  }
+  const float lse = m + log_(sum);
+  const float inv = sink_factor(lse, sinks, h) / sum;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc[j] *= inv;
+  return lse;
+}
+
 }  // namespace atom
