@@ -181,13 +181,16 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
 
 
 def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None) -> None:
-    from hip_kernels.decode import splitkv_decode
+    plan = route.cache.get("splitkv")
+    if plan is None:  # planned by the batch's first layer, launched by every layer
+        from hip_kernels.decode import SplitKVPlan
 
+        plan = route.cache["splitkv"] = SplitKVPlan(
+            route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
+            num_splits=num_splits, balanced=balanced)
     qs, os_, rows = _rows_in(q, out, route.rows)
-    splitkv_decode(qs, k_cache, v_cache, route.cu_seqlens_q, route.seq_lens, route.block_table,
-                   max_query_len=route.max_seqlen_q, num_splits=num_splits, scale=p.scale, window=p.window,
-                   sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_,
-                   balanced=balanced)
+    plan.run(qs, k_cache, v_cache, out=os_, scale=p.scale, window=p.window, sinks=p.sinks, softcap=p.softcap,
+             k_scale=p.k_scale, v_scale=p.v_scale)
     if rows is not None:
         out.index_copy_(0, rows, os_)
 

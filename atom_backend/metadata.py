@@ -11,9 +11,11 @@ the packed-key layout of exactly the requests the plan sent there.
 
 CUDA graphs: ``AttentionCGSupport.NEVER`` for now. The kernels themselves do not sync and
 split-KV decode is correct for any split count, but this builder makes fresh index tensors per
-batch (not copies into buffers fixed at init) and the split-KV workspace is allocated per call,
-and none of it has been run under vLLM's capture on a GPU (vLLM cannot be installed on the GPU
-machine we test on). Declaring more would be a claim we cannot back.
+batch (not copies into buffers fixed at init), and none of it has been run under vLLM's capture
+on a GPU (vLLM cannot be installed on the GPU machine we test on). Declaring more would be a
+claim we cannot back. Eager layers stay cheap instead: the decode route's
+``hip_kernels.decode.SplitKVPlan`` (with its workspace) is made by the batch's first layer and
+launched by the others (~20 us of host time per layer, docs/perf/decode.md "session 21").
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class Route:
     full_block_table: torch.Tensor | None = None
     gather_blocks: torch.Tensor | None = None  # CPU gather: physical block of each packed key
     gather_offsets: torch.Tensor | None = None
-    cache: dict = field(default_factory=dict)  # per-window host work lists, built by the first layer
+    cache: dict = field(default_factory=dict)  # built by the first layer for all: work lists, the decode plan
 
 
 @dataclass

@@ -6,7 +6,7 @@ as a second ceiling; pages in order vs shuffled. `one --case C --shape BxN`: run
 times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`. `tunes --tunes JSON`:
 variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DRY": 1}]') beside
 the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
-pages). `variants`, `host`, `layout`: split counts, host cost per call, cache layouts.
+pages). `variants`, `layout`: split counts, cache layouts. Host cost per call: `bench.host`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def kernel_times(fn, reps=20):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("kernels", "one", "variants", "host", "layout", "tunes", "timeline"))
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline"))
     ap.add_argument("--tunes", default="", help='tunes / timeline: JSON list of defines (tunes: default [{"NUM_WARPS": 2}])')
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
@@ -78,8 +78,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.mode == "variants":
         return variants()
-    if args.mode == "host":
-        return host()
     if args.mode == "layout":
         return layout()
     if args.mode == "timeline":
@@ -117,35 +115,6 @@ def main(argv=None):
         print(f"{b}x{ctx} bf16 pages in order: {bench_ms(fn) * 1e3:7.1f} us", flush=True)
         del fn, c
         torch.cuda.empty_cache()
-
-
-def host():
-    """Host time of one decode call and of its parts (small shape: the GPU never holds the host
-    back), in microseconds per call."""
-    import time
-
-    from hip_kernels import combine, decode
-
-    c = build(4, 512, "bf16")
-
-    def per_call(fn, n=2000):
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        return dt / n * 1e6
-
-    for s in (1, 4):
-        print(f"# host: splitkv_decode S={s}: {per_call(run_ours(c, s)):.1f} us/call")
-    o, lse = decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=4)
-    out = torch.empty_like(c["q"])
-    print(f"# host: combine alone: {per_call(lambda: combine.combine(o, lse, out)):.1f} us/call")
-    print(f"# host: _validate: {per_call(lambda: decode._validate(c['q'], c['k'], c['v'], c['cu'], c['sl'], c['bt'], None, None, 1, 4, 0, 0, 0.0, None, None, None, None, None)):.1f} us/call")
-    print(f"# host: torch.empty (workspace): {per_call(lambda: torch.empty(1 << 20, device='cuda')):.1f} us/call")
-    print(f"# host: current_stream: {per_call(lambda: torch.cuda.current_stream(0).cuda_stream):.1f} us/call")
 
 
 def page_order(order: str, nb: int, per_2m: int, g) -> torch.Tensor:

@@ -39,6 +39,24 @@ def combine(
     lse_out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    launch = packed(o_partial, lse_partial, out, lse_out, sinks)
+    if launch is not None:
+        launch.launch()
+    return out
+
+
+# Positions of out, lse_out and sinks in a packed combine: a caller that launches it for every
+# layer of a batch swaps these (runtime.Packed.put) and checks out's alignment (out_alignment).
+LAYER_ARGS = (0, 1, 4)
+
+
+def out_alignment(out: torch.Tensor) -> int:
+    """Bytes out's data pointer must be a multiple of: a thread stores 4 elements at once."""
+    return 4 * out.element_size()
+
+
+def packed(o_partial, lse_partial, out, lse_out=None, sinks=None) -> runtime.Packed | None:
+    """The checked launch of combine(...) with these tensors, packed (None: nothing to combine)."""
     if o_partial.dim() != 4 or o_partial.dtype != torch.float32 or not o_partial.is_contiguous():
         raise ValueError(f"combine: o_partial must be contiguous fp32 [S, total_q, H, D], got "
                          f"{o_partial.dtype} {tuple(o_partial.shape)}")
@@ -56,7 +74,7 @@ def combine(
     if tuple(out.shape) != (tq, H, D) or out.stride(2) != 1 or out.device != dev:
         raise ValueError(f"combine: out must be [{tq}, {H}, {D}] on {dev} with a contiguous last dim, got "
                          f"{tuple(out.shape)} strides {out.stride()}")
-    vec_bytes = 4 * out.element_size()
+    vec_bytes = out_alignment(out)
     if out.data_ptr() % vec_bytes or (out.stride(0) % 4) or (out.stride(1) % 4):
         raise ValueError(f"combine: out must be {vec_bytes}-byte aligned with strides that are multiples of 4")
     for name, t, shape in (("lse_out", lse_out, (tq, H)), ("sinks", sinks, (H,))):
@@ -68,14 +86,13 @@ def combine(
         raise ValueError(f"combine: tensors must be on a GPU, got {dev}")
     pairs = tq * H
     if pairs == 0:
-        return out
+        return None
     groups = split_groups(S, D)
     per_block = THREADS // (D // 4 * groups)
     grid = (pairs + per_block - 1) // per_block
     kern = runtime.load(variant(out.dtype), dev)
-    kern(grid, THREADS, out, lse_out, o_partial, lse_partial, sinks, S, tq, H, D, out.stride(0), out.stride(1),
-         groups)
-    return out
+    return runtime.Packed(kern, grid, THREADS, [out, lse_out, o_partial, lse_partial, sinks, S, tq, H, D,
+                                                out.stride(0), out.stride(1), groups])
 
 
 def split_groups(num_splits: int, head_dim: int) -> int:

@@ -282,8 +282,10 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
             raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, expected batch + 1 = {batch + 1}")
         if kv_page_indices.stride(0) != 1 and kv_page_indices.numel() > 1:
             raise ValueError("kv_page_indices must be contiguous")
-    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (hq,)):
-        raise ValueError(f"sinks must be float32 [num_q_heads={hq}], got {sinks.dtype} {tuple(sinks.shape)}")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32
+                              or tuple(sinks.shape) != (hq,) or not sinks.is_contiguous() or sinks.device != q.device):
+        raise ValueError(f"sinks must be contiguous float32 [num_q_heads={hq}] on {q.device}, got "
+                         f"{getattr(sinks, 'dtype', type(sinks))} {tuple(getattr(sinks, 'shape', ()))}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_aligned(name, t)
         if t.device != q.device:
@@ -341,116 +343,225 @@ def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: i
     return num_splits * total_q * num_q_heads * (head_dim + 1)
 
 
-def splitkv_partials(
-    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
-    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks.
-
-    impl: None (choose_impl for the device), "mma" (tensor cores) or "fma" (CUDA cores)."""
-    o_part, lse_part, _ = _split_kernel(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
-        kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
-        window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, _tune=_tune)
-    return o_part, lse_part
+def _layout(t):
+    """What a launch depends on besides the data pointer (None for an absent tensor)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _split_kernel(
-    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
-    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None, final=None,
-    balanced=False,
-) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(o_partial, lse_partial, finished): given `final` = (out, lse_out, sinks) and at most
-    FUSE_MAX_SPLITS splits, the tensor-core kernel finishes the decode itself and `finished` is
-    True (nothing left to combine).
-    balanced (tensor-core kernel, 16-bit KV, several splits): the splits of a request share its keys in
-    16-key slices claimed at run time, so a CTA on a slow SM takes fewer; partial s is then over
-    the slices its CTA took (the combined result is the same attention, rounded differently from
-    run to run)."""
-    batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = _validate(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr, kv_page_indices,
-        max_query_len, num_splits, window, sink_tokens, softcap, None, k_scale, v_scale, k_descale, v_descale)
-    fmt = _FMT_FACTOR[kv_code]
-    if k_scale is not None:
-        kf, vf = _as_float("k_scale", k_scale) * fmt, _as_float("v_scale", v_scale) * fmt
-    else:
-        kf = vf = fmt
-    need = workspace_elems(num_splits, total_q, hq, d)
-    if workspace is None:
-        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
-    elif workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need or workspace.device != q.device:
-        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with >= {need} elements (workspace_elems)")
-    if q.device.type != "cuda":
-        raise ValueError(f"the decode kernel runs on a GPU; q is on {q.device}")
-    flat = workspace.view(-1)
-    n_o = num_splits * total_q * hq * d
-    o_part = flat[:n_o].view(num_splits, total_q, hq, d)
-    lse_part = flat[n_o:n_o + num_splits * total_q * hq].view(num_splits, total_q, hq)
-    if batch == 0 or total_q == 0:
-        return o_part, lse_part, False
+class _Launch:
+    """A layer layout's packed launches: the split kernel and, when it does not finish, the
+    combine; `at` maps each tensor a layer brings to its argument positions."""
 
-    if impl is None:
-        from hip_kernels.runtime import device_arch
+    __slots__ = ("split", "at", "combine", "combine_at", "out_vec", "o_part", "lse_part")
 
-        impl = choose_impl(device_arch(q.device), d, kv_code)
-    if impl not in IMPLS or (impl == "mma" and d not in MMA_HEAD_DIMS):
-        raise ValueError(f"impl={impl!r}: one of {IMPLS} (mma for head_dim {MMA_HEAD_DIMS})")
-    group = hq // hk
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    softcap = float(softcap)
-    magic, shift = _div_magic(block_size)
-    kes, ves = k_cache.element_size(), v_cache.element_size()
-    head = [
-        q, q.stride(0), q.stride(1),
-        k_cache, v_cache,
-        k_cache.stride(0) * kes, k_cache.stride(1) * kes, k_cache.stride(2) * kes,
-        v_cache.stride(0) * ves, v_cache.stride(1) * ves, v_cache.stride(2) * ves, num_blocks,
-        cu_seqlens_q, seq_lens,
-        block_table,
-        block_table.stride(0) if block_table is not None else 0,
-        block_table.shape[1] if block_table is not None else 0,
-        kv_indptr, kv_page_indices if kv_indptr is not None else None,
-        k_descale, v_descale,
-    ]
-    tail = [
-        scale * (_LOG2E if softcap == 0 else 1.0),
-        softcap * _LOG2E, (1.0 / softcap) if softcap > 0 else 0.0,
-        int(window), int(sink_tokens),
-    ]
-    if impl == "mma":
-        # FP8: the kernel converts e4m3 to its value (flavour handled in the kernel); per-page
-        # factors come from k_descale / v_descale, so the per-tensor factors are then 1.
-        if kv_code >= 2 and k_scale is not None:
-            mkf, mvf = _as_float("k_scale", k_scale), _as_float("v_scale", v_scale)
+    def run(self, stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale) -> None:
+        if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+            raise ValueError("q, k_cache and v_cache: the kernel reads 16-byte vectors; their data pointers must be "
+                             "multiples of 16")
+        if self.split is not None:
+            p = self.split
+            for i, t in zip(self.at, (q, k_cache, v_cache, k_descale, v_descale, out, lse_out, sinks)):
+                if i >= 0:
+                    p.put(i, t)
+            p.launch(stream)
+        if self.combine is not None:
+            if out.data_ptr() % self.out_vec:
+                raise ValueError(f"combine: out must be {self.out_vec}-byte aligned")
+            c = self.combine
+            for i, t in zip(self.combine_at, (out, lse_out, sinks)):
+                c.put(i, t)
+            c.launch(stream)
+
+
+class SplitKVPlan:
+    """A decode batch planned once on the host and launched per layer (FlashInfer's plan / run).
+
+    The batch (request bounds, page table, query tokens, split count, mode) is fixed here; `run`
+    takes one layer's q, caches, out and parameters. The first call of each layer layout (shapes,
+    strides, dtypes, parameters, stream) checks everything and packs the launch; the other layers
+    of the batch only swap their tensors' pointers into it (docs/perf/decode.md, "host cost").
+    The fp32 workspace is the plan's, sized for its largest layout, so a captured graph replays
+    fixed buffers. balanced: None = where it pays (`balance_pays`), True = on (16-bit KV), False =
+    fixed key ranges (bitwise repeatable). impl: None (choose_impl for the device), "mma" or "fma".
+    """
+
+    def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
+                 max_query_len, num_splits, balanced=None, impl=None, workspace=None, _tune=None):
+        self.cu_seqlens_q, self.seq_lens, self.block_table = cu_seqlens_q, seq_lens, block_table
+        self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
+        self.max_query_len, self.num_splits = max_query_len, num_splits
+        self.balanced, self.impl, self._tune = balanced, impl, _tune
+        self._workspace, self._own_workspace = workspace, workspace is None
+        self._launches: dict = {}
+
+    def run(self, q, k_cache, v_cache, *, out=None, lse_out=None, scale=None, window=0, sink_tokens=0, sinks=None,
+            softcap=0.0, k_scale=None, v_scale=None, k_descale=None, v_descale=None) -> torch.Tensor:
+        """Decode attention of one layer: `out` [total_q, num_q_heads, head_dim] in q's dtype
+        (allocated when None); `lse_out` [total_q, num_q_heads] fp32, when given, receives the
+        log-sum-exp without the sinks. Rows of q past cu_seqlens_q[-1] (graph padding) are
+        unspecified."""
+        if out is None and isinstance(q, torch.Tensor):
+            out = torch.empty_like(q)
+        self._launch(True, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
+                     k_scale, v_scale, k_descale, v_descale)
+        return out
+
+    def partials(self, q, k_cache, v_cache, *, scale=None, window=0, sink_tokens=0, softcap=0.0, k_scale=None,
+                 v_scale=None, k_descale=None, v_descale=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks."""
+        la = self._launch(False, q, k_cache, v_cache, None, None, scale, window, sink_tokens, None, softcap,
+                          k_scale, v_scale, k_descale, v_descale)
+        return la.o_part, la.lse_part
+
+    def _launch(self, final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
+                k_scale, v_scale, k_descale, v_descale) -> _Launch:
+        if not (isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)):
+            self._check(q, k_cache, v_cache, window, sink_tokens, softcap, sinks, k_scale, v_scale, k_descale,
+                        v_descale)  # raises the clear error
+        if k_scale is not None and type(k_scale) is not float:
+            k_scale = _as_float("k_scale", k_scale)
+        if v_scale is not None and type(v_scale) is not float:
+            v_scale = _as_float("v_scale", v_scale)
+        stream = _stream(q)
+        key = (final, _layout(q), _layout(k_cache), _layout(v_cache), _layout(out), _layout(lse_out), _layout(sinks),
+               _layout(k_descale), _layout(v_descale), scale, window, sink_tokens, softcap, k_scale, v_scale, stream)
+        la = self._launches.get(key)
+        if la is None:
+            la = self._prepare(final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
+                               k_scale, v_scale, k_descale, v_descale)
+            self._launches[key] = la
+        la.run(stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale)
+        return la
+
+    def _check(self, q, k_cache, v_cache, window, sink_tokens, softcap, sinks, k_scale, v_scale, k_descale, v_descale):
+        return _validate(q, k_cache, v_cache, self.cu_seqlens_q, self.seq_lens, self.block_table, self.kv_indptr,
+                         self.kv_page_indices, self.max_query_len, self.num_splits, window, sink_tokens, softcap,
+                         sinks, k_scale, v_scale, k_descale, v_descale)
+
+    def _workspace_for(self, need: int, device) -> torch.Tensor:
+        ws = self._workspace
+        if ws is not None and not self._own_workspace:
+            if ws.dtype != torch.float32 or not ws.is_contiguous() or ws.numel() < need or ws.device != device:
+                raise ValueError(f"workspace must be a contiguous float32 tensor on {device} with >= {need} elements "
+                                 "(workspace_elems)")
+            return ws
+        if ws is None or ws.numel() < need or ws.device != device:
+            # Launches packed earlier point into the old buffer: they are packed again when used.
+            self._launches.clear()
+            ws = self._workspace = torch.empty(need, dtype=torch.float32, device=device)
+        return ws
+
+    def _prepare(self, final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
+                 k_scale, v_scale, k_descale, v_descale) -> _Launch:
+        num_splits, max_query_len = self.num_splits, self.max_query_len
+        if final:
+            if out is None or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+                raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
+                                 f"{None if out is None else (tuple(out.shape), out.dtype)}")
+            if out.stride(2) != 1:
+                raise ValueError(f"out must have a contiguous last dim, got strides {out.stride()}")
+            if lse_out is not None and (tuple(lse_out.shape) != tuple(q.shape[:2]) or lse_out.dtype != torch.float32
+                                        or not lse_out.is_contiguous()):
+                raise ValueError(f"lse_out must be contiguous float32 {tuple(q.shape[:2])}, got {lse_out.dtype} "
+                                 f"{tuple(lse_out.shape)}")
+        batch, total_q, hq, hk, d, num_blocks, block_size, kv_code = self._check(
+            q, k_cache, v_cache, window, sink_tokens, softcap, sinks, k_scale, v_scale, k_descale, v_descale)
+        fmt = _FMT_FACTOR[kv_code]
+        if k_scale is not None:
+            kf, vf = k_scale * fmt, v_scale * fmt
         else:
-            mkf = mvf = 1.0
-        row_blocks = _mma_row_blocks(max_query_len, group)
+            kf = vf = fmt
+        flat = self._workspace_for(workspace_elems(num_splits, total_q, hq, d), q.device).view(-1)
+        if q.device.type != "cuda":
+            raise ValueError(f"the decode kernel runs on a GPU; q is on {q.device}")
+        n_o = num_splits * total_q * hq * d
+        la = _Launch()
+        la.o_part = flat[:n_o].view(num_splits, total_q, hq, d)
+        la.lse_part = flat[n_o:n_o + num_splits * total_q * hq].view(num_splits, total_q, hq)
+        la.split = la.combine = None
+        la.at = ()
+        done = False
+        if batch > 0 and total_q > 0:
+            done = self._pack_split(la, final, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale,
+                                    batch, total_q, hq, hk, d, num_blocks, block_size, kv_code, kf, vf, k_scale,
+                                    v_scale, scale, window, sink_tokens, softcap)
+        if final and not done and total_q > 0:
+            from hip_kernels import combine
+
+            la.combine = combine.packed(la.o_part, la.lse_part, out, lse_out, sinks)
+            la.combine_at = combine.LAYER_ARGS
+            la.out_vec = combine.out_alignment(out)
+        return la
+
+    def _pack_split(self, la, final, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale, batch,
+                    total_q, hq, hk, d, num_blocks, block_size, kv_code, kf, vf, k_scale, v_scale, scale, window,
+                    sink_tokens, softcap) -> bool:
+        """Packs the split kernel into `la`; True when it finishes the decode itself."""
+        from hip_kernels import runtime
+
+        num_splits, max_query_len, impl = self.num_splits, self.max_query_len, self.impl
+        if impl is None:
+            impl = choose_impl(runtime.device_arch(q.device), d, kv_code)
+        if impl not in IMPLS or (impl == "mma" and d not in MMA_HEAD_DIMS):
+            raise ValueError(f"impl={impl!r}: one of {IMPLS} (mma for head_dim {MMA_HEAD_DIMS})")
+        group = hq // hk
+        scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+        softcap = float(softcap)
+        magic, shift = _div_magic(block_size)
+        kes, ves = k_cache.element_size(), v_cache.element_size()
+        bt = self.block_table
+        # Argument 0: q, 3: k_cache, 4: v_cache, 19: k_descale, 20: v_descale (the layer's tensors).
+        head = [
+            q, q.stride(0), q.stride(1),
+            k_cache, v_cache,
+            k_cache.stride(0) * kes, k_cache.stride(1) * kes, k_cache.stride(2) * kes,
+            v_cache.stride(0) * ves, v_cache.stride(1) * ves, v_cache.stride(2) * ves, num_blocks,
+            self.cu_seqlens_q, self.seq_lens,
+            bt, bt.stride(0) if bt is not None else 0, bt.shape[1] if bt is not None else 0,
+            self.kv_indptr, self.kv_page_indices if self.kv_indptr is not None else None,
+            k_descale, v_descale,
+        ]
+        tail = [
+            scale * (_LOG2E if softcap == 0 else 1.0),
+            softcap * _LOG2E, (1.0 / softcap) if softcap > 0 else 0.0,
+            int(window), int(sink_tokens),
+        ]
+        layer_at = [0, 3, 4, 19, 20]
+        if impl == "mma":
+            # FP8: the kernel converts e4m3 to its value (flavour handled in the kernel); per-page
+            # factors come from k_descale / v_descale, so the per-tensor factors are then 1.
+            mkf, mvf = (k_scale, v_scale) if kv_code >= 2 and k_scale is not None else (1.0, 1.0)
+            row_blocks = _mma_row_blocks(max_query_len, group)
+            var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
+            if self._tune:  # benchmarking knob: extra defines
+                var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, self._tune)
+            # One split writes the output itself; up to FUSE_MAX_SPLITS splits count their CTAs
+            # and the last of each group combines.
+            done = final and num_splits <= FUSE_MAX_SPLITS
+            balanced = self.balanced
+            if balanced is None:
+                balanced = balance_pays(q, k_cache, self.cu_seqlens_q, num_splits, max_query_len)
+            balanced = bool(balanced) and kv_code < 2  # the kernel balances 16-bit KV only
+            sem = semaphores(q.device, 2 * batch * hk * row_blocks) if num_splits > 1 and (done or balanced) else None
+            fin = [out, out.stride(0), out.stride(1), lse_out, sinks] if done else [None, 0, 0, None, None]
+            args = head + [mkf, mvf, la.o_part, la.lse_part] + fin + [
+                total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail + [sem, int(balanced)]
+            n0 = len(head) + 4
+            layer_at += [n0, n0 + 3, n0 + 4] if done else [-1, -1, -1]
+            la.split = runtime.Packed(runtime.load(var, q.device), (hk * row_blocks, batch, num_splits),
+                                      (_mma_threads(var, q.device), 1, 1), args, shared_mem=_mma_smem_bytes(var))
+            la.at = tuple(layer_at)
+            return done
+        _, row_blocks = _pick_rows(max_query_len * group, kv_code)
         var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
-        if _tune:  # benchmarking knob: extra defines
-            var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, _tune)
-        # With `final`, the kernel finishes: one split writes the output itself; up to
-        # FUSE_MAX_SPLITS splits count their CTAs and the last of each group combines.
-        done = final is not None and num_splits <= FUSE_MAX_SPLITS
-        out, lse_out, sinks = final if done else (None, None, None)
-        balanced = bool(balanced) and kv_code < 2  # the kernel balances 16-bit KV only
-        sem = semaphores(q.device, 2 * batch * hk * row_blocks) if num_splits > 1 and (done or balanced) else None
-        args = head + [mkf, mvf, o_part, lse_part, out, out.stride(0) if done else 0, out.stride(1) if done else 0,
-                       lse_out, sinks, total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail + [
-                       sem, int(balanced)]
-        _launch(var, (hk * row_blocks, batch, num_splits), (_mma_threads(var, q.device), 1, 1), args,
-                shared_mem=_mma_smem_bytes(var))
-        return o_part, lse_part, done
-    _, row_blocks = _pick_rows(max_query_len * group, kv_code)
-    defines_variant = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
-    if _tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
-        defines_variant = type(defines_variant)(SOURCE, KERNEL, {**dict(defines_variant.defines), **_tune})
-    args = head + [kf, vf, fmt, o_part, lse_part, total_q, hq, hk, group, row_blocks, num_splits, block_size,
-                   magic, shift] + tail
-    _launch(defines_variant, (hk * row_blocks, batch, num_splits), (NUM_THREADS, 1, 1), args)
-    return o_part, lse_part, False
+        if self._tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
+            var = type(var)(SOURCE, KERNEL, {**dict(var.defines), **self._tune})
+        args = head + [kf, vf, _FMT_FACTOR[kv_code], la.o_part, la.lse_part, total_q, hq, hk, group, row_blocks,
+                       num_splits, block_size, magic, shift] + tail
+        la.split = runtime.Packed(runtime.load(var, q.device), (hk * row_blocks, batch, num_splits),
+                                  (NUM_THREADS, 1, 1), args)
+        la.at = tuple(layer_at + [-1, -1, -1])
+        return False
 
 
 def _warp_size(device) -> int:
@@ -459,11 +570,22 @@ def _warp_size(device) -> int:
     return warp_size(device_arch(device))
 
 
-def _launch(variant, grid, block, args, shared_mem: int = 0) -> None:
+def _stream(q) -> int:
     from hip_kernels import runtime
 
-    # Python ints travel as 8-byte slots whose low half is the value: right for int and long long.
-    runtime.load(variant)(grid, block, *args, shared_mem=shared_mem)
+    return runtime._current_stream(q.get_device()) if q.is_cuda else 0
+
+
+def splitkv_partials(
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
+    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel alone, once: SplitKVPlan(...).partials(...)."""
+    plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+                       max_query_len=max_query_len, num_splits=num_splits, impl=impl, workspace=workspace, _tune=_tune)
+    return plan.partials(q, k_cache, v_cache, scale=scale, window=window, sink_tokens=sink_tokens, softcap=softcap,
+                         k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale)
 
 
 def splitkv_decode(
@@ -472,42 +594,14 @@ def splitkv_decode(
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
     impl=None, balanced=None,
 ) -> torch.Tensor:
-    """Decode attention of 1..max_query_len new tokens per request over the paged cache.
-
-    Returns `out` [total_q, num_q_heads, head_dim] in q's dtype (allocated when None); `lse_out`
-    [total_q, num_q_heads] float32, when given, receives the log-sum-exp without the sinks.
-    Rows of q past cu_seqlens_q[-1] (graph padding) are unspecified: the combine writes them from
-    the workspace, the tensor-core kernel leaves them untouched.
-    balanced: None = on where it pays (`balance_pays`), True = on (16-bit KV; FP8 always runs
-    fixed ranges), False = fixed key ranges (bitwise repeatable); see `_split_kernel`.
-    """
-    if sinks is not None and isinstance(q, torch.Tensor) and q.dim() == 3:
-        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],):
-            raise ValueError(f"sinks must be float32 [num_q_heads={q.shape[1]}], got {sinks.dtype} {tuple(sinks.shape)}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
-        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
-    if lse_out is not None and (tuple(lse_out.shape) != tuple(q.shape[:2]) or lse_out.dtype != torch.float32
-                                or not lse_out.is_contiguous()):
-        raise ValueError(f"lse_out must be contiguous float32 {tuple(q.shape[:2])}, got {lse_out.dtype} "
-                         f"{tuple(lse_out.shape)}")
-    if out is None:
-        out = torch.empty_like(q)
-    if out.stride(2) != 1:
-        raise ValueError(f"out must have a contiguous last dim, got strides {out.stride()}")
-    if balanced is None:
-        balanced = balance_pays(q, k_cache, cu_seqlens_q, num_splits, max_query_len)
-    o_part, lse_part, finished = _split_kernel(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr,
-        kv_page_indices=kv_page_indices, max_query_len=max_query_len, num_splits=num_splits, scale=scale,
-        window=window, sink_tokens=sink_tokens, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
-        k_descale=k_descale, v_descale=v_descale, workspace=workspace, impl=impl, final=(out, lse_out, sinks),
-        balanced=balanced)
-    if q.shape[0] == 0 or finished:
-        return out
-    from hip_kernels.combine import combine
-
-    combine(o_part, lse_part, out, lse_out=lse_out, sinks=sinks)
-    return out
+    """Decode attention of 1..max_query_len new tokens per request over the paged cache, once:
+    SplitKVPlan(...).run(...). A caller launching several layers on one batch keeps the plan."""
+    plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+                       max_query_len=max_query_len, num_splits=num_splits, balanced=balanced, impl=impl,
+                       workspace=workspace)
+    return plan.run(q, k_cache, v_cache, out=out, lse_out=lse_out, scale=scale, window=window,
+                    sink_tokens=sink_tokens, sinks=sinks, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
+                    k_descale=k_descale, v_descale=v_descale)
 
 
 # CTAs of one variant that fit on an SM at once (H100: registers and shared memory of the

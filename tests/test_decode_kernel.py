@@ -49,14 +49,16 @@ def _pool_pages(rng: random.Random, needed: int, num_blocks: int) -> list[int]:
 
 
 def make_batch(seqs, hq, hk, d, bs, *, dtype=torch.bfloat16, kv="16", layout="vllm", storage="separate",
-               extra_blocks=3, num_blocks=None, seed=0, device="cuda"):
+               extra_blocks=3, num_blocks=None, seed=0, data_seed=None, device="cuda"):
     """Random paged batch. seqs: [(sq, sk)]. kv: "16" (KV in q's dtype), "fp8_tensor", "fp8_page".
+    seed draws the pages and, unless data_seed is given, the values (equal seeds, other
+    data_seeds: the same page tables over other caches, as the layers of one batch).
 
     storage: "separate" (two tensors), "joint" (kv_cache[2, NB, ...] views), "blocks_first"
     (kv[NB, 2, ...][:, i] views: strided pages).
     """
     rng = random.Random(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed if data_seed is None else data_seed)
     npages = [-(-sk // bs) for _, sk in seqs]
     needed = sum(npages)
     nb = num_blocks or max(needed + extra_blocks, 1)
@@ -390,6 +392,60 @@ def test_cuda_graph_capture_and_replay():
     assert_close(o.float(), o_ref, torch.bfloat16, "replayed graph")
     assert_lse_close(lse.float(), lse_ref, torch.bfloat16)
     del o_static
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
+@pytest.mark.parametrize("kv", ["16", "fp8_page"])
+@pytest.mark.parametrize("num_splits", [1, 5, decode.FUSE_MAX_SPLITS + 4])
+def test_plan_runs_each_layer_on_its_own_tensors(kv, num_splits):
+    """One SplitKVPlan, several layers (other caches, q, out, sinks, window): a layer of an
+    already packed layout swaps its pointers in; each layer matches its own reference. The split
+    counts take the kernel's own finish (1), its last-CTA combine and the combine kernel."""
+    seqs = [(1, 700), (2, 95), (1, 16), (1, 1)]
+    hq, hk, d, bs = 32, 8, 128, 16
+    layers = [make_batch(seqs, hq, hk, d, bs, kv=kv, seed=41, data_seed=100 + i) for i in range(3)]
+    first = layers[0]
+    plan = decode.SplitKVPlan(first["cu_q"], first["seq_lens"], **first["tables"], max_query_len=2,
+                              num_splits=num_splits, impl=_IMPL["v"])
+    gen = torch.Generator().manual_seed(3)
+    params = [{}, {}, {"window": 40, "sinks": torch.randn(hq, generator=gen).cuda()}]
+    # The third layer's layout differs (window, sinks); the first comes back with a new out.
+    for i in (0, 1, 2, 0):
+        b, attn = layers[i], params[i]
+        out = torch.full_like(b["q"], float("nan"))
+        lse = torch.full(b["q"].shape[:2], float("nan"), dtype=torch.float32, device="cuda")
+        plan.run(b["q"], b["k_cache"], b["v_cache"], out=out, lse_out=lse, **b["scales"], **attn)
+        torch.cuda.synchronize()
+        ref_attn = dict(attn)
+        if "sinks" in ref_attn:
+            ref_attn["sinks"] = ref_attn["sinks"].cpu()
+        o_ref, lse_ref = reference(b, **ref_attn)
+        assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"layer {i} out")
+        assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, f"layer {i} lse")
+    assert len(plan._launches) == 2
+
+
+@pytest.mark.gpu
+def test_plan_checks_every_call_a_layout_cannot_show():
+    """What the packed layout does not fix is checked per call: a misaligned q of the same shape
+    and strides is refused; a bigger layer regrows the workspace and the layers packed before
+    still run correctly."""
+    seqs = [(1, 300), (1, 40)]
+    small = make_batch(seqs, 8, 2, 64, 16, seed=9)
+    plan = decode.SplitKVPlan(small["cu_q"], small["seq_lens"], **small["tables"], max_query_len=1, num_splits=20)
+    plan.run(small["q"], small["k_cache"], small["v_cache"])
+    flat = torch.empty(small["q"].numel() + 1, dtype=small["q"].dtype, device="cuda")
+    shifted = flat[1:].view_as(small["q"])
+    shifted.copy_(small["q"])
+    with pytest.raises(ValueError, match="16-byte"):
+        plan.run(shifted, small["k_cache"], small["v_cache"])
+    big = make_batch(seqs, 8, 2, 128, 16, seed=9, data_seed=5)
+    for b in (big, small):
+        out = plan.run(b["q"], b["k_cache"], b["v_cache"])
+        torch.cuda.synchronize()
+        o_ref, _ = reference(b)
+        assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"head_dim {b['q'].shape[-1]}")
 
 
 # --- CPU: validation, magic numbers, variants ----------------------------------------------

@@ -1,0 +1,123 @@
+"""`python -m bench.host`: host time per layer of a decode step, what vLLM pays for every layer
+where attention runs eagerly (piecewise CUDA graphs leave attention out of the graph; this
+backend declares AttentionCGSupport.NEVER).
+
+    PYTHONPATH=. python -m bench.host [--json PATH]
+
+Rows (us per call, median of --repeats timings of --calls calls each):
+- `executors.run`: one layer of a decode batch through the real metadata builder's metadata
+  (built once per batch), as AtomAttentionImpl.forward runs it; LAYERS layers, each its own cache.
+- `SplitKVPlan.run`: the hip_kernels call under it, at 1, 4 and 32 splits (32 is past
+  FUSE_MAX_SPLITS: the combine kernel follows).
+- `splitkv_decode`: plan and run on every call (a caller that keeps no plan).
+- `builder.build`: the metadata of one batch (once per step, all layers).
+Contexts are short, so the GPU does not hold the host back; `device us` is the same call
+replayed from a CUDA graph: where it approaches the host time, the row is not host bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from bench.common import bench_ms, device_name, graphed
+
+HQ, HK, D, PAGE, CTX, LAYERS = 32, 8, 128, 16, 256, 4
+
+
+def per_call_us(fn, calls: int, repeats: int) -> float:
+    """Median over repeats of the host time of one fn() call (no sync inside a timing)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def device_us(fn) -> float:
+    return bench_ms(graphed(fn), warmup_ms=10, rep_ms=50) * 1e3
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("ATOM_METRICS", "0")
+    from bench import _vllm
+
+    _vllm.install()
+    from atom_backend import executors
+    from atom_backend.metadata import AtomMetadataBuilder, detect_platform
+    from atom_backend.planner import ModelFacts, PlannerConfig
+    from bench.calibrate import cu, paged
+    from hip_kernels import decode
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    dev = torch.device("cuda")
+    builder = object.__new__(AtomMetadataBuilder)
+    builder.facts = ModelFacts(HQ, HK, D, page_size=PAGE)
+    builder.config = PlannerConfig()
+    builder.platform, builder.block_size, builder.on_cpu = detect_platform(dev), PAGE, False
+    builder._warned_sync, builder._counter_file = False, None
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    print(f"{device_name()}: host us per call (device us per call from a graph replay)", flush=True)
+    for batch in (1, 8, 64):
+        total = [CTX] * batch
+        caches = [paged(total, HK, D, gen=gen) for _ in range(LAYERS)]
+        _, _, bt, seq_lens = caches[0]
+        qsl = cu([1] * batch)
+        q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=dev)
+        out = torch.empty_like(q)
+        cm = CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=seq_lens, num_reqs=batch,
+            num_actual_tokens=batch, max_query_len=1, max_seq_len=CTX, block_table_tensor=bt,
+            slot_mapping=torch.zeros(batch, dtype=torch.int64, device=dev), seq_lens_cpu_upper_bound=seq_lens.cpu())
+        md = builder.build(0, cm)
+        p = executors.LayerParams(D ** -0.5, 0, 0.0, None, None, None, torch.bfloat16)
+        layer = [0]
+
+        def one_layer(md=md):
+            kc, vc = caches[layer[0]][:2]
+            layer[0] = (layer[0] + 1) % LAYERS
+            executors.run(md, q, out, kc, vc, p)
+
+        def add(what, splits, host, dev_fn):
+            row = {"what": what, "batch": batch, "splits": splits, "host_us": round(host, 1),
+                   "device_us": round(device_us(dev_fn), 1) if dev_fn else None}
+            rows.append(row)
+            d = f"{row['device_us']:6.1f}" if dev_fn else "     -"
+            print(f"  batch {batch:3d}  S {splits:2d}  {what:18s} host {host:7.1f}  device {d}", flush=True)
+
+        add("builder.build", md.num_splits, per_call_us(lambda: builder.build(0, cm), args.calls, args.repeats), None)
+        add("executors.run", md.num_splits, per_call_us(one_layer, args.calls, args.repeats), one_layer)
+        kc, vc = caches[0][:2]
+        for s in (1, 4, 32):
+            plan = decode.SplitKVPlan(qsl, seq_lens, bt, max_query_len=1, num_splits=s)
+            run = lambda plan=plan: plan.run(q, kc, vc, out=out)
+            add("SplitKVPlan.run", s, per_call_us(run, args.calls, args.repeats), run)
+            once = lambda s=s: decode.splitkv_decode(q, kc, vc, qsl, seq_lens, bt, max_query_len=1, num_splits=s,
+                                                     out=out)
+            add("splitkv_decode", s, per_call_us(once, args.calls, args.repeats), None)
+        del caches
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name(), "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
