@@ -298,8 +298,10 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
 # row block), zero between launches (the last CTA of each group resets its pair), one buffer per
 # (device, stream) so that decodes on different streams never share a counter. Sized once for
 # large batches: growing it inside a CUDA-graph capture would capture its zero-fill too (correct,
-# one node more).
+# one node more). A buffer that is outgrown stays allocated (_OUTGROWN): launches packed earlier
+# (SplitKVPlan, captured graphs) keep its address, and its counters stay zero.
 _SEMAPHORES: dict = {}
+_OUTGROWN: list = []
 _MIN_SEMAPHORES = 1 << 16
 
 
@@ -314,6 +316,8 @@ def semaphores(device, count: int) -> torch.Tensor:
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     buf = _SEMAPHORES.get(key)
     if buf is None or buf.numel() < count:
+        if buf is not None:
+            _OUTGROWN.append(buf)
         buf = torch.zeros(max(count, _MIN_SEMAPHORES), dtype=torch.int32, device=device)
         _SEMAPHORES[key] = buf
     return buf

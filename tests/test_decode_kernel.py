@@ -448,6 +448,21 @@ def test_plan_checks_every_call_a_layout_cannot_show():
         assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"head_dim {b['q'].shape[-1]}")
 
 
+@pytest.mark.gpu
+def test_plan_survives_a_grown_counter_buffer():
+    """The completion counters packed into a plan stay valid (and zero) when a larger batch of
+    another plan grows the counter buffer between two of its layers."""
+    b = make_batch([(1, 300), (1, 40)], 8, 2, 128, 16, seed=4)
+    plan = decode.SplitKVPlan(b["cu_q"], b["seq_lens"], **b["tables"], max_query_len=1, num_splits=5)
+    plan.run(b["q"], b["k_cache"], b["v_cache"])
+    old = decode.semaphores(b["q"].device, 1)
+    assert decode.semaphores(b["q"].device, old.numel() + 1).data_ptr() != old.data_ptr()
+    out = plan.run(b["q"], b["k_cache"], b["v_cache"])
+    torch.cuda.synchronize()
+    assert_close(out.float().cpu(), reference(b)[0], torch.bfloat16, "after the counters grew")
+    assert int(old.abs().sum()) == 0
+
+
 # --- CPU: validation, magic numbers, variants ----------------------------------------------
 
 
