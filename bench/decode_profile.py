@@ -224,11 +224,13 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                 out = torch.empty_like(c["q"])
                 ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
 
-                def fn():
-                    o, l, _ = decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"],
-                                                   max_query_len=1, num_splits=s, workspace=ws, impl="mma",
-                                                   _tune=defines, balanced=bal, **c["scales"])
+                plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, workspace=ws,
+                                          impl="mma", _tune=defines, balanced=bal)
+
+                def fn(plan=plan):
                     from hip_kernels.combine import combine
+
+                    o, l = plan.partials(c["q"], c["k"], c["v"], **c["scales"])
                     combine(o, l, out)
                 t = bench_ms(fn)
                 out.fill_(float("nan"))
@@ -264,11 +266,11 @@ def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
                 nct = HK * b * s
                 ws = torch.zeros(need + 2 + 16 * nct, dtype=torch.float32, device="cuda")
                 out = torch.empty_like(c["q"])
+                plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, workspace=ws,
+                                          impl="mma", _tune={"TIMELINE": 1, **kernel_defines(tune)},
+                                          balanced=bool(tune.get("balanced")))
                 for _ in range(3):
-                    decode._split_kernel(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                         num_splits=s, workspace=ws, impl="mma",
-                                         _tune={"TIMELINE": 1, **kernel_defines(tune)},
-                                         balanced=bool(tune.get("balanced")), final=(out, None, None), **c["scales"])
+                    plan.run(c["q"], c["k"], c["v"], out=out, **c["scales"])
                 torch.cuda.synchronize()
                 start = (need + 1) & ~1
                 raw = ws[start:start + 16 * nct].view(torch.int64).view(nct, 8)[:, :5].cpu()
