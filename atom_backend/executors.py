@@ -1,6 +1,7 @@
 """Execute one route of a plan for one layer.
 
-GPU (CUDA / ROCm torch): split-KV decode -> ``hip_kernels.decode.splitkv_decode`` (+ combine),
+GPU (CUDA / ROCm torch): split-KV decode -> ``hip_kernels.decode.SplitKVPlan`` (made by the
+batch's first layer, launched by every layer; + combine),
 or the Triton ``atom_backend.unified.paged_decode`` when the plan says unified decode; varlen
 prefill -> ``atom_backend.gather`` then ``hip_kernels.prefill.varlen_attention``; unified
 prefill -> ``atom_backend.unified.paged_attention`` straight over the pages. A compiled kernel
@@ -181,11 +182,12 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
 
 
 def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None) -> None:
-    plan = route.cache.get("splitkv")
+    key = ("splitkv", num_splits, balanced)
+    plan = route.cache.get(key)
     if plan is None:  # planned by the batch's first layer, launched by every layer
         from hip_kernels.decode import SplitKVPlan
 
-        plan = route.cache["splitkv"] = SplitKVPlan(
+        plan = route.cache[key] = SplitKVPlan(
             route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
             num_splits=num_splits, balanced=balanced)
     qs, os_, rows = _rows_in(q, out, route.rows)

@@ -288,9 +288,13 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             idx_dev = torch.from_numpy(idx).to(dev, non_blocking=True)
             seq_lens = cm.seq_lens.index_select(0, idx_dev)
             block_table = cm.block_table_tensor.index_select(0, idx_dev)
+        if contiguous and i0 == 0 and cm.query_start_loc.dtype == torch.int32:
+            cu_dev = cm.query_start_loc[: i1 + 1]  # the route's prefix of vLLM's own: no copy
+        else:
+            cu_dev = torch.from_numpy(cu_q).to(dev, non_blocking=True)
         r = Route(
             path=path, reqs=idx, new=r_new, total=r_total, rows=rows, num_tokens=int(cu_q[-1]),
-            cu_seqlens_q=torch.from_numpy(cu_q).to(dev, non_blocking=True), seq_lens=seq_lens.to(torch.int32),
+            cu_seqlens_q=cu_dev, seq_lens=seq_lens.to(torch.int32),
             block_table=block_table, max_seqlen_q=int(r_new.max()), max_seqlen_k=int(r_total.max()),
         )
         if varlen:

@@ -5,8 +5,10 @@ backend declares AttentionCGSupport.NEVER).
     PYTHONPATH=. python -m bench.host [--json PATH]
 
 Rows (us per call, median of --repeats timings of --calls calls each):
-- `executors.run`: one layer of a decode batch through the real metadata builder's metadata
-  (built once per batch), as AtomAttentionImpl.forward runs it; LAYERS layers, each its own cache.
+- `step / layer`: one decode step as vLLM runs it eagerly, per layer: the builder's metadata for
+  the batch, then STEP_LAYERS layers through the executors (AtomAttentionImpl.forward's call)
+  over LAYERS caches in turn; the first layer of every step plans the batch.
+- `executors.run`: one more layer on metadata already planned (the steady per-layer cost).
 - `SplitKVPlan.run`: the hip_kernels call under it, at 1, 4 and 32 splits (32 is past
   FUSE_MAX_SPLITS: the combine kernel follows).
 - `splitkv_decode`: plan and run on every call (a caller that keeps no plan).
@@ -27,7 +29,7 @@ import torch
 
 from bench.common import bench_ms, device_name, graphed
 
-HQ, HK, D, PAGE, CTX, LAYERS = 32, 8, 128, 16, 256, 4
+HQ, HK, D, PAGE, CTX, LAYERS, STEP_LAYERS = 32, 8, 128, 16, 256, 4, 32
 
 
 def per_call_us(fn, calls: int, repeats: int) -> float:
@@ -102,6 +104,15 @@ def main(argv=None) -> list[dict]:
             print(f"  batch {batch:3d}  S {splits:2d}  {what:18s} host {host:7.1f}  device {d}", flush=True)
 
         add("builder.build", md.num_splits, per_call_us(lambda: builder.build(0, cm), args.calls, args.repeats), None)
+
+        def step():
+            step_md = builder.build(0, cm)
+            for i in range(STEP_LAYERS):
+                kc, vc = caches[i % LAYERS][:2]
+                executors.run(step_md, q, out, kc, vc, p)
+
+        add("step / layer", md.num_splits,
+            per_call_us(step, max(1, args.calls // STEP_LAYERS), args.repeats) / STEP_LAYERS, None)
         add("executors.run", md.num_splits, per_call_us(one_layer, args.calls, args.repeats), one_layer)
         kc, vc = caches[0][:2]
         for s in (1, 4, 32):

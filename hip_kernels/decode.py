@@ -318,7 +318,8 @@ def semaphores(device, count: int) -> torch.Tensor:
     if buf is None or buf.numel() < count:
         if buf is not None:
             _OUTGROWN.append(buf)
-        buf = torch.zeros(max(count, _MIN_SEMAPHORES), dtype=torch.int32, device=device)
+        buf = torch.zeros(max(count, 2 * (buf.numel() if buf is not None else 0), _MIN_SEMAPHORES), dtype=torch.int32,
+                          device=device)
         _SEMAPHORES[key] = buf
     return buf
 
@@ -356,9 +357,9 @@ class _Launch:
     """A layer layout's packed launches: the split kernel and, when it does not finish, the
     combine; `at` maps each tensor a layer brings to its argument positions."""
 
-    __slots__ = ("split", "at", "combine", "combine_at", "out_vec", "o_part", "lse_part")
+    __slots__ = ("split", "at", "scales_at", "combine", "combine_at", "out_vec", "o_part", "lse_part")
 
-    def run(self, stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale) -> None:
+    def run(self, stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale, k_scale, v_scale) -> None:
         if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15:
             raise ValueError("q, k_cache and v_cache: the kernel reads 16-byte vectors; their data pointers must be "
                              "multiples of 16")
@@ -367,6 +368,10 @@ class _Launch:
             for i, t in zip(self.at, (q, k_cache, v_cache, k_descale, v_descale, out, lse_out, sinks)):
                 if i >= 0:
                     p.put(i, t)
+            if self.scales_at is not None:  # FP8 per-tensor scales: calibrated models differ per layer
+                i, factor = self.scales_at
+                p.put_f32(i, k_scale * factor)
+                p.put_f32(i + 1, v_scale * factor)
             p.launch(stream)
         if self.combine is not None:
             if out.data_ptr() % self.out_vec:
@@ -387,6 +392,9 @@ class SplitKVPlan:
     The fp32 workspace is the plan's, sized for its largest layout, so a captured graph replays
     fixed buffers. balanced: None = where it pays (`balance_pays`), True = on (16-bit KV), False =
     fixed key ranges (bitwise repeatable). impl: None (choose_impl for the device), "mma" or "fma".
+    workspace: fp32 buffer to use (>= workspace_elems), else the plan allocates one per stream and
+    keeps every buffer it allocated while it lives: a graph captured from `run` must not outlive
+    the plan.
     """
 
     def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
@@ -395,7 +403,9 @@ class SplitKVPlan:
         self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
         self.max_query_len, self.num_splits = max_query_len, num_splits
         self.balanced, self.impl, self._tune = balanced, impl, _tune
-        self._workspace, self._own_workspace = workspace, workspace is None
+        self._workspace = workspace
+        self._own: dict = {}  # stream -> workspace this plan allocated
+        self._retired: list = []  # outgrown workspaces: launches captured earlier may still write them
         self._launches: dict = {}
 
     def run(self, q, k_cache, v_cache, *, out=None, lse_out=None, scale=None, window=0, sink_tokens=0, sinks=None,
@@ -412,7 +422,8 @@ class SplitKVPlan:
 
     def partials(self, q, k_cache, v_cache, *, scale=None, window=0, sink_tokens=0, softcap=0.0, k_scale=None,
                  v_scale=None, k_descale=None, v_descale=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks."""
+        """The split kernel alone: fp32 (o_partial [S, T, H, D], lse_partial [S, T, H]), no sinks.
+        Views of the plan's workspace: the plan's next launch on this stream overwrites them."""
         la = self._launch(False, q, k_cache, v_cache, None, None, scale, window, sink_tokens, None, softcap,
                           k_scale, v_scale, k_descale, v_descale)
         return la.o_part, la.lse_part
@@ -427,14 +438,16 @@ class SplitKVPlan:
         if v_scale is not None and type(v_scale) is not float:
             v_scale = _as_float("v_scale", v_scale)
         stream = _stream(q)
+        # k_scale / v_scale values are swapped per call (calibrated FP8 models differ per layer).
         key = (final, _layout(q), _layout(k_cache), _layout(v_cache), _layout(out), _layout(lse_out), _layout(sinks),
-               _layout(k_descale), _layout(v_descale), scale, window, sink_tokens, softcap, k_scale, v_scale, stream)
+               _layout(k_descale), _layout(v_descale), scale, window, sink_tokens, softcap, k_scale is None,
+               v_scale is None, stream)
         la = self._launches.get(key)
         if la is None:
             la = self._prepare(final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
-                               k_scale, v_scale, k_descale, v_descale)
+                               k_scale, v_scale, k_descale, v_descale, stream)
             self._launches[key] = la
-        la.run(stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale)
+        la.run(stream, q, k_cache, v_cache, out, lse_out, sinks, k_descale, v_descale, k_scale, v_scale)
         return la
 
     def _check(self, q, k_cache, v_cache, window, sink_tokens, softcap, sinks, k_scale, v_scale, k_descale, v_descale):
@@ -442,21 +455,24 @@ class SplitKVPlan:
                          self.kv_page_indices, self.max_query_len, self.num_splits, window, sink_tokens, softcap,
                          sinks, k_scale, v_scale, k_descale, v_descale)
 
-    def _workspace_for(self, need: int, device) -> torch.Tensor:
+    def _workspace_for(self, need: int, device, stream: int) -> torch.Tensor:
         ws = self._workspace
-        if ws is not None and not self._own_workspace:
+        if ws is not None:
             if ws.dtype != torch.float32 or not ws.is_contiguous() or ws.numel() < need or ws.device != device:
                 raise ValueError(f"workspace must be a contiguous float32 tensor on {device} with >= {need} elements "
                                  "(workspace_elems)")
             return ws
+        ws = self._own.get(stream)
         if ws is None or ws.numel() < need or ws.device != device:
             # Launches packed earlier point into the old buffer: they are packed again when used.
             self._launches.clear()
-            ws = self._workspace = torch.empty(need, dtype=torch.float32, device=device)
+            if ws is not None:
+                self._retired.append(ws)
+            ws = self._own[stream] = torch.empty(need, dtype=torch.float32, device=device)
         return ws
 
     def _prepare(self, final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
-                 k_scale, v_scale, k_descale, v_descale) -> _Launch:
+                 k_scale, v_scale, k_descale, v_descale, stream) -> _Launch:
         num_splits, max_query_len = self.num_splits, self.max_query_len
         if final:
             if out is None or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -475,14 +491,14 @@ class SplitKVPlan:
             kf, vf = k_scale * fmt, v_scale * fmt
         else:
             kf = vf = fmt
-        flat = self._workspace_for(workspace_elems(num_splits, total_q, hq, d), q.device).view(-1)
+        flat = self._workspace_for(workspace_elems(num_splits, total_q, hq, d), q.device, stream).view(-1)
         if q.device.type != "cuda":
             raise ValueError(f"the decode kernel runs on a GPU; q is on {q.device}")
         n_o = num_splits * total_q * hq * d
         la = _Launch()
         la.o_part = flat[:n_o].view(num_splits, total_q, hq, d)
         la.lse_part = flat[n_o:n_o + num_splits * total_q * hq].view(num_splits, total_q, hq)
-        la.split = la.combine = None
+        la.split = la.combine = la.scales_at = None
         la.at = ()
         done = False
         if batch > 0 and total_q > 0:
@@ -552,6 +568,8 @@ class SplitKVPlan:
                 total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail + [sem, int(balanced)]
             n0 = len(head) + 4
             layer_at += [n0, n0 + 3, n0 + 4] if done else [-1, -1, -1]
+            if kv_code >= 2 and k_scale is not None:
+                la.scales_at = (len(head), 1.0)
             la.split = runtime.Packed(runtime.load(var, q.device), (hk * row_blocks, batch, num_splits),
                                       (_mma_threads(var, q.device), 1, 1), args, shared_mem=_mma_smem_bytes(var))
             la.at = tuple(layer_at)
@@ -565,6 +583,8 @@ class SplitKVPlan:
         la.split = runtime.Packed(runtime.load(var, q.device), (hk * row_blocks, batch, num_splits),
                                   (NUM_THREADS, 1, 1), args)
         la.at = tuple(layer_at + [-1, -1, -1])
+        if k_scale is not None:
+            la.scales_at = (len(head), _FMT_FACTOR[kv_code])
         return False
 
 
@@ -585,9 +605,11 @@ def splitkv_partials(
     max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel alone, once: SplitKVPlan(...).partials(...)."""
+    """The split kernel alone, once, over fixed key ranges (DESIGN.md's split ranges, bitwise
+    repeatable): SplitKVPlan(..., balanced=False).partials(...)."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                       max_query_len=max_query_len, num_splits=num_splits, impl=impl, workspace=workspace, _tune=_tune)
+                       max_query_len=max_query_len, num_splits=num_splits, balanced=False, impl=impl,
+                       workspace=workspace, _tune=_tune)
     return plan.partials(q, k_cache, v_cache, scale=scale, window=window, sink_tokens=sink_tokens, softcap=softcap,
                          k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale)
 

@@ -28,8 +28,8 @@ API (small and stable; kernel modules build on exactly this):
 
 ``Packed(kernel, grid, block, args, shared_mem=0)``
     The same launch with its arguments packed once: ``put(i, tensor)`` swaps argument ``i``'s
-    pointer, ``launch()`` runs it. For callers that launch one configuration many times (plan
-    once per batch, launch per layer).
+    pointer (``put_f32(i, x)`` a float's value), ``launch()`` runs it. For callers that launch
+    one configuration many times (plan once per batch, launch per layer).
 
 Helpers: ``device_arch(device)``, ``native_fp8_dtype(arch)``, ``warp_size(arch)``,
 ``resource_usage(compiled)`` (registers / spills when the toolchain reports them),
@@ -777,6 +777,13 @@ class Kernel:
         self._api.launch(self._func, g, b, shared_mem, stream, params, self)
 
 
+@functools.lru_cache(maxsize=None)
+def _array_types(n: int):
+    """ctypes array types of n slots and of n pointers, and a struct packing n 64-bit words
+    (filling an array through its constructor costs ~8 us for 46 arguments, pack_into ~1)."""
+    return ctypes.c_uint64 * n, ctypes.c_void_p * n, struct.Struct(f"<{n}Q")
+
+
 class Packed:
     """One launch of a kernel with its arguments packed once (FlashInfer's plan / run split): a
     caller that launches the same configuration many times (every layer of a batch) replaces
@@ -789,14 +796,21 @@ class Packed:
         self.kernel, self.shared_mem = kernel, int(shared_mem)
         self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
         vals = _arg_values(args, kernel.variant.name)
-        n = max(len(vals), 1)
-        self._slots = (ctypes.c_uint64 * n)(*vals)
-        base = ctypes.addressof(self._slots)
-        self._ptrs = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        n = len(vals)
+        slots_t, ptrs_t, packer = _array_types(max(n, 1))
+        self._slots, self._ptrs = slots_t(), ptrs_t()
+        if n:
+            base = ctypes.addressof(self._slots)
+            packer.pack_into(self._slots, 0, *vals)
+            packer.pack_into(self._ptrs, 0, *range(base, base + 8 * n, 8))
 
     def put(self, index: int, tensor) -> None:
         """Argument `index` becomes this tensor's data pointer (None: a null pointer)."""
         self._slots[index] = 0 if tensor is None else tensor.data_ptr()
+
+    def put_f32(self, index: int, value: float) -> None:
+        """Argument `index` (a float parameter) becomes `value`."""
+        self._slots[index] = _U32.unpack(_F32.pack(value))[0]
 
     def launch(self, stream=None) -> None:
         """On the current torch stream (or `stream`), as Kernel.__call__."""

@@ -396,15 +396,19 @@ def test_cuda_graph_capture_and_replay():
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("impl")
-@pytest.mark.parametrize("kv", ["16", "fp8_page"])
+@pytest.mark.parametrize("kv", ["16", "fp8_page", "fp8_tensor"])
 @pytest.mark.parametrize("num_splits", [1, 5, decode.FUSE_MAX_SPLITS + 4])
 def test_plan_runs_each_layer_on_its_own_tensors(kv, num_splits):
-    """One SplitKVPlan, several layers (other caches, q, out, sinks, window): a layer of an
-    already packed layout swaps its pointers in; each layer matches its own reference. The split
-    counts take the kernel's own finish (1), its last-CTA combine and the combine kernel."""
+    """One SplitKVPlan, several layers (other caches, q, out, sinks, window, FP8 scales): a layer
+    of an already packed layout swaps its pointers (and per-tensor scales) in; each layer matches
+    its own reference. The split counts take the kernel's own finish (1), its last-CTA combine and
+    the combine kernel."""
     seqs = [(1, 700), (2, 95), (1, 16), (1, 1)]
     hq, hk, d, bs = 32, 8, 128, 16
     layers = [make_batch(seqs, hq, hk, d, bs, kv=kv, seed=41, data_seed=100 + i) for i in range(3)]
+    if kv == "fp8_tensor":  # calibrated checkpoints: every layer its own scales
+        for i, b in enumerate(layers):
+            b["scales"] = {"k_scale": 0.37 * (1 + 0.5 * i), "v_scale": 0.3 / (1 + 0.5 * i)}
     first = layers[0]
     plan = decode.SplitKVPlan(first["cu_q"], first["seq_lens"], **first["tables"], max_query_len=2,
                               num_splits=num_splits, impl=_IMPL["v"])
@@ -446,6 +450,21 @@ def test_plan_checks_every_call_a_layout_cannot_show():
         torch.cuda.synchronize()
         o_ref, _ = reference(b)
         assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"head_dim {b['q'].shape[-1]}")
+
+
+@pytest.mark.gpu
+def test_partials_keep_fixed_ranges_where_balancing_would_pay():
+    """splitkv_partials is DESIGN.md's fixed split ranges even on a grid where splitkv_decode
+    would balance: bitwise equal to an explicitly unbalanced plan."""
+    b = make_batch([(1, 2048)] * 64, 32, 8, 128, 16, seed=12)
+    assert decode.balance_pays(b["q"], b["k_cache"], b["cu_q"], 4, 1)
+    o, lse = decode.splitkv_partials(b["q"], b["k_cache"], b["v_cache"], b["cu_q"], b["seq_lens"], **b["tables"],
+                                     max_query_len=1, num_splits=4)
+    o, lse = o.clone(), lse.clone()
+    plan = decode.SplitKVPlan(b["cu_q"], b["seq_lens"], **b["tables"], max_query_len=1, num_splits=4, balanced=False)
+    o2, lse2 = plan.partials(b["q"], b["k_cache"], b["v_cache"])
+    torch.cuda.synchronize()
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
 @pytest.mark.gpu

@@ -219,6 +219,18 @@ def test_decode_splits_match_single_split():
         assert_close(out, want, torch.float32, what=f"{splits} splits")
 
 
+def test_a_route_from_the_first_request_reads_vllms_query_start_loc():
+    """Decodes come first (vLLM reorders them): their route's cu_seqlens_q is a view of vLLM's
+    query_start_loc (no host-to-device copy per batch); a route further in gets its own."""
+    case = Case([1, 1, 1, 40], [300, 17, 513, 0], seed=6)
+    md = _builder(case.facts(), PlannerConfig(cost_routing=False)).build(0, case.common())
+    assert md.plan.decode.tolist() == [0, 1, 2] and md.varlen is not None and md.varlen.reqs.tolist() == [3]
+    assert md.decode.cu_seqlens_q.data_ptr() == case.qsl.data_ptr()
+    assert md.decode.cu_seqlens_q.tolist() == [0, 1, 2, 3]
+    assert md.varlen.cu_seqlens_q.data_ptr() != case.qsl.data_ptr()
+    assert md.varlen.cu_seqlens_q.tolist() == [0, 40]
+
+
 def test_padding_slots_are_skipped_and_profile_run_zero_fills():
     case = Case([4], [0], seed=2)
     impl = _impl(case)
