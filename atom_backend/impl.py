@@ -61,9 +61,14 @@ class AtomAttentionImpl(AttentionImpl):
             raise ValueError(f"sinks has {sinks.shape[0]} entries for {num_heads} heads")
         self.sinks = sinks
         self._sinks_f32: torch.Tensor | None = None
+        # Per layer, the same cache tensor and parameters come back every step: their views and
+        # LayerParams are made once (a layer's host time is what eager decode steps pay).
+        self._views: tuple | None = None  # (kv_cache, data_ptr, k_cache, v_cache)
+        self._params: executors.LayerParams | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype):
         self._sinks_f32 = None  # loaded values: convert again on first use
+        self._params = None
 
     def _sinks(self) -> torch.Tensor | None:
         if self.sinks is None:
@@ -74,10 +79,25 @@ class AtomAttentionImpl(AttentionImpl):
         return self._sinks_f32
 
     def _caches(self, kv_cache: torch.Tensor):
+        views = self._views
+        if views is not None and views[0] is kv_cache and views[1] == kv_cache.data_ptr():
+            return views[2], views[3]
         k, v = split_kv_cache(kv_cache, self.head_size)
         if self.is_fp8 and k.dtype != self.fp8_dtype:
             k, v = k.view(self.fp8_dtype), v.view(self.fp8_dtype)
+        self._views = (kv_cache, kv_cache.data_ptr(), k, v)
         return k, v
+
+    def _layer_params(self, layer, out_dtype: torch.dtype) -> executors.LayerParams:
+        k_scale = float(layer._k_scale_float) if self.is_fp8 else None
+        v_scale = float(layer._v_scale_float) if self.is_fp8 else None
+        sinks = self._sinks()
+        p = self._params
+        if p is None or p.k_scale != k_scale or p.v_scale != v_scale or p.sinks is not sinks or p.out_dtype != out_dtype:
+            p = self._params = executors.LayerParams(
+                scale=self.scale, window=self.sliding_window, softcap=self.logits_soft_cap, sinks=sinks,
+                k_scale=k_scale, v_scale=v_scale, out_dtype=out_dtype)
+        return p
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
@@ -114,10 +134,5 @@ class AtomAttentionImpl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         k_cache, v_cache = self._caches(kv_cache)
-        params = executors.LayerParams(
-            scale=self.scale, window=self.sliding_window, softcap=self.logits_soft_cap, sinks=self._sinks(),
-            k_scale=float(layer._k_scale_float) if self.is_fp8 else None,
-            v_scale=float(layer._v_scale_float) if self.is_fp8 else None, out_dtype=output.dtype,
-        )
-        executors.run(attn_metadata, query, output, k_cache, v_cache, params)
+        executors.run(attn_metadata, query, output, k_cache, v_cache, self._layer_params(layer, output.dtype))
         return output

@@ -6,9 +6,10 @@ backend declares AttentionCGSupport.NEVER).
 
 Rows (us per call, median of --repeats timings of --calls calls each):
 - `step / layer`: one decode step as vLLM runs it eagerly, per layer: the builder's metadata for
-  the batch, then STEP_LAYERS layers through the executors (AtomAttentionImpl.forward's call)
-  over LAYERS caches in turn; the first layer of every step plans the batch.
-- `executors.run`: one more layer on metadata already planned (the steady per-layer cost).
+  the batch, then STEP_LAYERS layers of AtomAttentionImpl.forward over LAYERS layers (each its
+  own impl and vLLM-layout cache) in turn; the first layer of every step plans the batch.
+- `impl.forward`: one more layer on metadata already planned (the steady per-layer cost);
+  `executors.run`: the same without the impl (its cache views and parameters).
 - `SplitKVPlan.run`: the hip_kernels call under it, at 1, 4 and 32 splits (32 is past
   FUSE_MAX_SPLITS: the combine kernel follows).
 - `splitkv_decode`: plan and run on every call (a caller that keeps no plan).
@@ -60,7 +61,10 @@ def main(argv=None) -> list[dict]:
     from bench import _vllm
 
     _vllm.install()
+    import types
+
     from atom_backend import executors
+    from atom_backend.impl import AtomAttentionImpl
     from atom_backend.metadata import AtomMetadataBuilder, detect_platform
     from atom_backend.planner import ModelFacts, PlannerConfig
     from bench.calibrate import cu, paged
@@ -80,6 +84,12 @@ def main(argv=None) -> list[dict]:
         total = [CTX] * batch
         caches = [paged(total, HK, D, gen=gen) for _ in range(LAYERS)]
         _, _, bt, seq_lens = caches[0]
+        nb = caches[0][0].shape[0]
+        # vLLM's per-layer cache: logical [blocks, kv_heads, block_size, 2 * head], token-major
+        kv_caches = [torch.randn(nb, PAGE, HK, 2 * D, dtype=torch.bfloat16, device=dev).permute(0, 2, 1, 3)
+                     for _ in range(LAYERS)]
+        impls = [AtomAttentionImpl(HQ, D, D ** -0.5, HK) for _ in range(LAYERS)]
+        attn_layer = types.SimpleNamespace(_k_scale_float=1.0, _v_scale_float=1.0)
         qsl = cu([1] * batch)
         q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(q)
@@ -105,14 +115,21 @@ def main(argv=None) -> list[dict]:
 
         add("builder.build", md.num_splits, per_call_us(lambda: builder.build(0, cm), args.calls, args.repeats), None)
 
+        def forward(md, i):
+            impls[i % LAYERS].forward(attn_layer, q, q, q, kv_caches[i % LAYERS], md, out)
+
         def step():
             step_md = builder.build(0, cm)
             for i in range(STEP_LAYERS):
-                kc, vc = caches[i % LAYERS][:2]
-                executors.run(step_md, q, out, kc, vc, p)
+                forward(step_md, i)
+
+        def one_forward(md=md):
+            forward(md, layer[0])
+            layer[0] = (layer[0] + 1) % LAYERS
 
         add("step / layer", md.num_splits,
             per_call_us(step, max(1, args.calls // STEP_LAYERS), args.repeats) / STEP_LAYERS, None)
+        add("impl.forward", md.num_splits, per_call_us(one_forward, args.calls, args.repeats), one_forward)
         add("executors.run", md.num_splits, per_call_us(one_layer, args.calls, args.repeats), one_layer)
         kc, vc = caches[0][:2]
         for s in (1, 4, 32):

@@ -231,6 +231,24 @@ def test_a_route_from_the_first_request_reads_vllms_query_start_loc():
     assert md.varlen.cu_seqlens_q.tolist() == [0, 40]
 
 
+def test_a_layer_reuses_its_cache_views_and_params_until_they_change():
+    """forward makes a layer's cache views and LayerParams once; a new cache tensor or new FP8
+    scales (calibration, reload) are picked up, never stale."""
+    case = Case([1, 1], [40, 9], seed=8, fp8=True)
+    impl = _impl(case)
+    layer = types.SimpleNamespace(_k_scale_float=0.75, _v_scale_float=1.25)
+    k1, _ = impl._caches(case.kv_cache)
+    assert impl._caches(case.kv_cache)[0] is k1
+    other = case.kv_cache.clone()
+    assert impl._caches(other)[0].data_ptr() == other.data_ptr()
+    p1 = impl._layer_params(layer, torch.float32)
+    assert impl._layer_params(layer, torch.float32) is p1
+    layer._k_scale_float = 0.5
+    p2 = impl._layer_params(layer, torch.float32)
+    assert p2 is not p1 and p2.k_scale == 0.5 and p2.v_scale == 1.25
+    assert impl._layer_params(layer, torch.bfloat16).out_dtype == torch.bfloat16
+
+
 def test_padding_slots_are_skipped_and_profile_run_zero_fills():
     case = Case([4], [0], seed=2)
     impl = _impl(case)
