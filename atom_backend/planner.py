@@ -331,18 +331,31 @@ def decode_splits(
     return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * per_sm, cap, config.wave_fill)
 
 
-def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float]) -> np.ndarray:
+def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],
+                 latency: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Which prefills take varlen (bool per request): the cheapest of all varlen, all unified,
     and each request on its cheaper path, counting each used path's launch cost once (the
     per-request predictions are marginal costs in a full GPU; a second path for one small
-    request costs its launch, not the request's share of a full kernel)."""
+    request costs its launch, not the request's share of a full kernel). With `latency` (each
+    request alone, per path), a path takes at least its longest request's latency: a few new
+    tokens after a long cached prefix cannot fill the GPU, whatever their marginal cost."""
     lv, lu = launch_us
     cheaper = tv < tu
     n_v = int(np.count_nonzero(cheaper))
-    if n_v == 0 or n_v == len(tv) or lv + lu == 0:
-        return cheaper
-    sv, su = float(_sum(tv)), float(_sum(tu))
-    split = float(_sum(np.minimum(tv, tu))) + lv + lu
+    if latency is None:
+        if n_v == 0 or n_v == len(tv) or lv + lu == 0:
+            return cheaper
+        sv, su = float(_sum(tv)), float(_sum(tu))
+        split = float(_sum(np.minimum(tv, tu))) + lv + lu
+    else:
+        av, au = latency
+        sv, su = max(float(_sum(tv)), float(_max(av))), max(float(_sum(tu)), float(_max(au)))
+        if n_v == 0 or n_v == len(tv):
+            split = sv + lv if n_v else su + lu
+        else:
+            other = ~cheaper
+            split = (max(float(_sum(tv[cheaper])), float(_max(av[cheaper]))) + lv
+                     + max(float(_sum(tu[other])), float(_max(au[other]))) + lu)
     if sv + lv <= min(su + lu, split):
         return np.ones_like(cheaper)
     if su + lu <= split:
@@ -352,6 +365,7 @@ def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float])
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
 _sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
+_max = np.maximum.reduce
 _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
@@ -397,8 +411,8 @@ def plan(
     elif config.force_path == "varlen":
         varlen, unified, reasons = pf, _EMPTY, ()
     elif cost is not None and len(pf):
-        tv, tu = cost.predict(facts, n_pf, cached[pf])
-        cheaper = batch_routes(tv, tu, cost.launch_us)
+        tv, tu, alone = cost.predict_with_latency(facts, n_pf, cached[pf])
+        cheaper = batch_routes(tv, tu, cost.launch_us, alone)
         varlen, unified = pf[cheaper], pf[~cheaper]
         reasons = (Reason.COST,) * len(unified)
         predictions = (pf, tv, tu)

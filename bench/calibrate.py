@@ -9,7 +9,9 @@ Measured, in one process:
 - varlen prefill time (hip kernel over packed K/V, the launcher's work list) and unified prefill
   time (Triton over the pages) for a grid of (new tokens, cached tokens) per shape (query heads,
   kv heads, head dim, window). Each point runs a batch of B identical requests (B fills the GPU:
-  ~8k query tokens, at most ~1.5M keys) and records time / B: the marginal cost of one request.
+  ~8k query tokens, at most ~1.5M keys) and records time / B: the marginal cost of one request;
+  and the first request of the batch alone, from a CUDA graph (its latency: a request that
+  cannot fill the GPU takes that long whatever its marginal cost).
 
 --quick: one shape, a 3 x 3 grid (GPU smoke test). A full run takes about 2 minutes on H100.
 """
@@ -86,9 +88,12 @@ def gather_bandwidth(kv: str, tokens: int, hk=8, d=64) -> float:
     return moved / (ms * 1e-3) / 1e9
 
 
-def time_point(n: int, c: int, hq: int, hk: int, d: int, window: int, sinks: torch.Tensor, gen) -> tuple[float, float, int]:
-    """(varlen us, unified us) per request at (n new, c cached), and the batch used."""
+def time_point(n: int, c: int, hq: int, hk: int, d: int, window: int, sinks: torch.Tensor, gen):
+    """(varlen us, unified us) per request at (n new, c cached), the batch used, and (varlen us,
+    unified us) of one such request alone (CUDA-graph replays: the kernels' latency, without the
+    host's launch work, which launch_us holds)."""
     from atom_backend.unified import paged_attention
+    from bench.common import graphed
     from hip_kernels import prefill
 
     B = batch_size(n, c)
@@ -107,8 +112,17 @@ def time_point(n: int, c: int, hq: int, hk: int, d: int, window: int, sinks: tor
     reps = dict(warmup_ms=10, rep_ms=40)
     tv = bench_ms(fv, **reps) * 1e3 / B
     tu = bench_ms(fu, **reps) * 1e3 / B
+    cuq1, cuk1 = cu([n]), cu([sk])
+    work1 = prefill.work_items([n], [sk], head_dim=d, window=window).to("cuda")
+    q1, out1, k1, v1 = q[:n], out[:n], k[:sk], v[:sk]
+    fv1 = lambda: prefill.varlen_attention(q1, k1, v1, cuq1, cuk1, max_seqlen_q=n, max_seqlen_k=sk, window=window,
+                                           sinks=sinks, out=out1, work=work1)
+    fu1 = lambda: paged_attention(q1, kc, vc, cuq1, seq_lens[:1], bt[:1], max_seqlen_q=n, max_seqlen_k=sk,
+                                  window=window, sinks=sinks, out=out1)
+    lv = bench_ms(graphed(fv1), **reps) * 1e3
+    lu = bench_ms(graphed(fu1), **reps) * 1e3
     del kc, vc, k, v, q, out
-    return tv, tu, B
+    return tv, tu, B, (lv, lu)
 
 
 def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, float]:
@@ -165,16 +179,20 @@ def main(argv=None) -> dict:
         tv = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
         tu = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
         bs = [[0] * len(grid["cached"]) for _ in grid["new"]]
-        print(f"shape {hq}/{hk} d{d} window {w}: new x cached -> varlen / unified us per request", flush=True)
+        lat_v = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
+        lat_u = [[0.0] * len(grid["cached"]) for _ in grid["new"]]
+        print(f"shape {hq}/{hk} d{d} window {w}: new x cached -> varlen / unified us per request "
+              f"(alone: varlen / unified)", flush=True)
         for i, n in enumerate(grid["new"]):
             line = []
             for j, c in enumerate(grid["cached"]):
-                tv[i][j], tu[i][j], bs[i][j] = time_point(n, c, hq, hk, d, w, sinks, gen)
-                line.append(f"{c}:{tv[i][j]:.0f}/{tu[i][j]:.0f}")
+                tv[i][j], tu[i][j], bs[i][j], (lat_v[i][j], lat_u[i][j]) = time_point(n, c, hq, hk, d, w, sinks, gen)
+                line.append(f"{c}:{tv[i][j]:.0f}/{tu[i][j]:.0f} ({lat_v[i][j]:.0f}/{lat_u[i][j]:.0f})")
             torch.cuda.empty_cache()
             print(f"  new {n:6d}  " + "  ".join(line), flush=True)
         rows.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
-                     "varlen_us": tv, "unified_us": tu, "batch": bs})
+                     "varlen_us": tv, "unified_us": tu, "batch": bs,
+                     "varlen_latency_us": lat_v, "unified_latency_us": lat_u})
     body = {"kernels": tables.kernel_fingerprint(),
             "gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "launch_us": launch, "grid": grid,
             "shapes": rows,

@@ -17,9 +17,10 @@ FACTS = ModelFacts(64, 8, 64, has_sinks=True)
 
 
 def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1000.0, window=0, extra=(),
-          launch_us=None):
+          launch_us=None, latency_us=None):
     """A synthetic table: kernel times = work / rate (work per us); the unified rate can grow
-    with the cached length (it reads pages in place)."""
+    with the cached length (it reads pages in place). latency_us: (varlen, unified) functions of
+    (n, c) grids giving each request's time alone."""
     shapes = []
     for hq, hk, d, w in ((64, 8, 64, window),) + tuple(extra):
         n, c = np.meshgrid(GRID["new"], GRID["cached"], indexing="ij")
@@ -27,6 +28,9 @@ def table(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=None, gbps=1
         ur = unified_rate if unified_cached_rate is None else np.where(c > 0, unified_cached_rate, unified_rate)
         shapes.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w,
                        "varlen_us": (work / varlen_rate).tolist(), "unified_us": (work / ur).tolist()})
+        if latency_us is not None:
+            shapes[-1]["varlen_latency_us"] = np.asarray(latency_us[0](n, c), dtype=float).tolist()
+            shapes[-1]["unified_latency_us"] = np.asarray(latency_us[1](n, c), dtype=float).tolist()
     t = {"schema": 1, "arch": "test", "gather": {"16bit": {"gbps": gbps}, "fp8": {"gbps": gbps}},
          "grid": GRID, "shapes": shapes}
     if launch_us is not None:
@@ -122,6 +126,39 @@ def test_batch_routes_counts_each_used_paths_launch_once():
     assert batch_routes(tv, tv + 1, (1e6, 0.0)).tolist() == [True, True, True]
 
 
+def test_batch_routes_takes_a_paths_longest_request_alone():
+    tv, tu = np.array([60.0, 88.0, 37.0]), np.array([67.0, 48.0, 39.0])
+    launch = (27.0, 40.0)
+    # marginal costs alone: all unified (154 + 40 < 185 + 27)
+    assert batch_routes(tv, tu, launch).tolist() == [False, False, False]
+    # the second request alone takes 270 us on unified (it cannot fill the GPU): all varlen
+    lat = (np.array([30.0, 90.0, 20.0]), np.array([40.0, 270.0, 30.0]))
+    assert batch_routes(tv, tu, launch, lat).tolist() == [True, True, True]
+    # latencies under the sums change nothing
+    small = (np.array([1.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]))
+    assert batch_routes(tv, tu, launch, small).tolist() == [False, False, False]
+    # every request cheaper on one path, but that path's longest request alone is dearer than the other path
+    assert batch_routes(tv, tv + 1, (0.0, 0.0), (np.array([500.0, 1, 1]), np.array([1.0, 1, 1]))).tolist() == [
+        False, False, False]
+
+
+def test_latency_grids_reach_the_planner():
+    """A table with latency grids: the model predicts each request alone, and a long cached
+    prefix with few new tokens stops pulling a batch onto the unified path."""
+    args = dict(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=400.0)
+    lat = (lambda n, c: 5.0 + 0 * n, lambda n, c: np.where(c >= 4096, 1e12, 5.0) + 0 * n)
+    m = CostModel(table(**args, latency_us=lat))
+    assert m.has_latency and not CostModel(table(**args)).has_latency
+    assert CostModel(table(**args)).predict_with_latency(FACTS, np.array([16]), np.array([0]))[2] is None
+    tv, tu, (lv, lu) = m.predict_with_latency(FACTS, np.array([16, 256]), np.array([0, 32768]))
+    assert np.array_equal(np.stack([tv, tu]), np.stack(m.predict(FACTS, np.array([16, 256]), np.array([0, 32768]))))
+    assert lu[1] == pytest.approx(1e12, rel=0.01) and lv[1] == pytest.approx(5.0 + m.explain(FACTS, 256, 32768)[
+        "gather_us"][0], rel=0.01)
+    new, cached = [256], [32768]
+    assert plan(new, cached, FACTS, platform(CostModel(table(**args))), PlannerConfig()).unified.tolist() == [0]
+    assert plan(new, cached, FACTS, platform(m), PlannerConfig()).varlen.tolist() == [0]
+
+
 def test_planner_keeps_a_small_prefix_hit_with_a_big_prefill_when_a_second_launch_costs_more():
     # unified 3x faster over a cached prefix: a small prefix hit alone would go unified
     args = dict(varlen_rate=100.0, unified_rate=50.0, unified_cached_rate=300.0)
@@ -153,6 +190,12 @@ def test_layer_windows_average_full_and_windowed_layers():
         # every layer gathers the whole sequence; the kernel part is the per-layer average
         assert mixed[k][0] == pytest.approx((full[k][0] + win[k][0]) / 2, rel=1e-6)
     assert m.shape_for(FACTS, 128).window == 128 and m.shape_for(FACTS, 0).window == 0
+
+
+def test_table_validation_of_latency_grids():
+    t = table(latency_us=(lambda n, c: 1.0 + 0 * n, lambda n, c: 0.0 * n))
+    with pytest.raises(ValueError, match="unified_latency_us"):
+        CostModel(t)
 
 
 def test_table_validation():

@@ -15,6 +15,12 @@ by each path that gets a request. The planner compares, for the whole batch, "al
 not split off to a second path whose launch costs more than it saves. A table without
 ``launch_us`` (older calibrations) counts 0.
 
+A marginal cost says nothing of a request that cannot fill the GPU alone: a few new tokens after
+a long cached prefix run on a handful of CTAs for the whole key range. Tables with
+``<path>_latency_us`` grids (each request of the grid timed alone, B = 1) also give that
+latency; a path then takes at least its longest request's latency (varlen: plus that request's
+gather), and the planner compares max(sum of marginal costs, longest latency) per path.
+
 Rates (work per microsecond) come from kernel times measured on the GPU over a grid of
 (new, cached) for a few (heads, kv heads, head dim, window) shapes, each timed on a batch of
 identical requests and divided by the batch size (the marginal cost of one request in a full
@@ -69,6 +75,15 @@ class _Shape:
                 raise ValueError(f"cost table shape {self.hq}/{self.hk}/{self.d} w{self.window}: {path}_us must be "
                                  f"positive, {work.shape[0]} x {work.shape[1]} (new x cached)")
             self.log_rate[path] = np.log(work / t)
+        # Optional (later calibrations): each grid request alone, per layer (us).
+        self.log_latency = {}
+        for path in ("varlen", "unified"):
+            if f"{path}_latency_us" in d:
+                t = np.asarray(d[f"{path}_latency_us"], dtype=np.float64)
+                if t.shape != work.shape or not np.all(t > 0):
+                    raise ValueError(f"cost table shape {self.hq}/{self.hk}/{self.d} w{self.window}: "
+                                     f"{path}_latency_us must be positive, {work.shape[0]} x {work.shape[1]}")
+                self.log_latency[path] = np.log(t)
 
 
 class CostModel:
@@ -98,6 +113,7 @@ class CostModel:
             raise ValueError(f"{source}: launch_us must be finite and >= 0, got {launch}")
         if not self.shapes:
             raise ValueError(f"{source}: no calibrated shapes")
+        self.has_latency = all(len(s.log_latency) == 2 for s in self.shapes)
         self._bound: dict = {}
 
     # -- choosing the calibrated shape and interpolating its rate ---------------------------
@@ -111,9 +127,13 @@ class CostModel:
 
     def _rate(self, shape: _Shape, path: str, n, c):
         """Interpolated work per us at (n, c) (arrays of one shape): bilinear in log space."""
+        return self._interp(shape.log_rate[path], n, c)
+
+    def _interp(self, lr, n, c):
+        """exp of the bilinear interpolation of a log grid at (n, c), in (log2 n, log2(c + 1))."""
         x = np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
         y = np.log2(np.asarray(c, dtype=np.float64) + 1)
-        X, Y, lr = self._x, self._y, shape.log_rate[path]
+        X, Y = self._x, self._y
         xi = np.clip(np.searchsorted(X, x) - 1, 0, len(X) - 2)
         yi = np.clip(np.searchsorted(Y, y) - 1, 0, len(Y) - 2)
         tx = np.clip((x - X[xi]) / (X[xi + 1] - X[xi]), 0.0, 1.0)
@@ -139,12 +159,21 @@ class CostModel:
         gather = (n + c) * bytes_tok / (self._gather_gbps(facts) * 1e3)
         tv = np.array(gather)
         tu = np.zeros_like(n)
+        lat = {"varlen": np.array(gather), "unified": np.zeros_like(n)} if self.has_latency else None
         for w, weight in self._layers(facts):
             s = self.shape_for(facts, w)
             work = visible_pairs(n, c, w) * facts.num_q_heads * facts.head_dim
             tv = tv + weight * work / self._rate(s, "varlen", n, c)
             tu = tu + weight * work / self._rate(s, "unified", n, c)
-        return {"varlen_us": tv, "unified_us": tu, "gather_us": gather}
+            if lat is not None:
+                for path in lat:
+                    # taken as is from the nearest shape: a request alone is latency bound, its
+                    # heads run side by side
+                    lat[path] = lat[path] + weight * self._interp(s.log_latency[path], n, c)
+        out = {"varlen_us": tv, "unified_us": tu, "gather_us": gather}
+        if lat is not None:
+            out["varlen_latency_us"], out["unified_latency_us"] = lat["varlen"], lat["unified"]
+        return out
 
     # -- the planner's fast path ------------------------------------------------------------
     def bind(self, facts) -> "_Bound":
@@ -159,6 +188,17 @@ class CostModel:
         k = b.n_mid.searchsorted(new) * b.ncols + b.c_mid.searchsorted(cached)  # methods: half the call cost
         z = b.z.take(k)  # both predictions in one lookup: varlen + 1j * unified
         return z.real, z.imag
+
+    def predict_with_latency(self, facts, new: np.ndarray, cached: np.ndarray):
+        """(varlen us, unified us, (varlen us, unified us) of each request alone or None): the
+        planner's call, all four from one lookup."""
+        b = self._bound.get(facts) or self.bind(facts)
+        k = b.n_mid.searchsorted(new) * b.ncols + b.c_mid.searchsorted(cached)
+        if not self.has_latency:
+            z = b.z.take(k)
+            return z.real, z.imag, None
+        t = b.zz.take(k, axis=0)  # [n, 4]: varlen, unified, each alone
+        return t[:, 0], t[:, 1], (t[:, 2], t[:, 3])
 
     def __repr__(self) -> str:
         return f"CostModel({self.arch}, {len(self.shapes)} shapes, {self.source})"
@@ -184,3 +224,6 @@ class _Bound:
         self.tu = e["unified_us"].reshape(N.shape).astype(np.float32)
         self.ncols = N.shape[1]
         self.z = (self.tv + 1j * self.tu).astype(np.complex64).ravel()
+        if model.has_latency:
+            self.zz = np.stack([self.tv.ravel(), self.tu.ravel(), e["varlen_latency_us"].astype(np.float32),
+                                e["unified_latency_us"].astype(np.float32)], axis=1)
