@@ -597,7 +597,7 @@ def _warp_size(device) -> int:
 def _stream(q) -> int:
     from hip_kernels import runtime
 
-    return runtime._current_stream(q.get_device()) if q.is_cuda else 0
+    return runtime.current_stream(q.get_device()) if q.is_cuda else 0
 
 
 def splitkv_partials(

@@ -31,9 +31,9 @@ API (small and stable; kernel modules build on exactly this):
     pointer (``put_f32(i, x)`` a float's value), ``launch()`` runs it. For callers that launch
     one configuration many times (plan once per batch, launch per layer).
 
-Helpers: ``device_arch(device)``, ``native_fp8_dtype(arch)``, ``warp_size(arch)``,
-``resource_usage(compiled)`` (registers / spills when the toolchain reports them),
-``cache_dir()``.
+Helpers: ``device_arch(device)``, ``current_stream(device_index)``, ``native_fp8_dtype(arch)``,
+``warp_size(arch)``, ``resource_usage(compiled)`` (registers / spills when the toolchain reports
+them), ``cache_dir()``.
 
 Cache: ``$ATOM_KERNEL_CACHE`` (default ``~/.cache/atom_backend/kernels``). The key hashes the
 source, every header in ``hip_kernels/include`` and ``hip_kernels/src/*.h``, the defines,
@@ -680,17 +680,35 @@ _MASK64 = 0xFFFFFFFFFFFFFFFF
 _arg_buffers = threading.local()
 
 
+@functools.lru_cache(maxsize=None)
+def _array_types(n: int):
+    """ctypes array types of n slots and of n pointers, and a struct packing n 64-bit words
+    (filling an array through its constructor costs ~8 us for 46 arguments, pack_into ~1)."""
+    return ctypes.c_uint64 * max(n, 1), ctypes.c_void_p * max(n, 1), struct.Struct(f"<{n}Q")
+
+
+def _new_arg_arrays(n: int):
+    """(slots, pointer array to them, packer) for n arguments: every argument its own 8-byte slot."""
+    slots_t, ptrs_t, packer = _array_types(n)
+    slots, ptrs = slots_t(), ptrs_t()
+    if n:
+        base = ctypes.addressof(slots)
+        packer.pack_into(ptrs, 0, *range(base, base + 8 * n, 8))
+    return slots, ptrs, packer
+
+
 def _arg_buffer(n: int):
-    """This thread's (slots, pointer array) for n arguments: the driver copies the parameters at
-    launch, so one buffer per size serves every launch (building the arrays cost ~10 us each)."""
+    """This thread's (slots, pointer array, packer) for n arguments: the driver copies the
+    parameters at launch, so one buffer per size serves every launch."""
     cache = _arg_buffers.__dict__.setdefault("by_n", {})
     buf = cache.get(n)
     if buf is None:
-        slots = (ctypes.c_uint64 * max(n, 1))()
-        base = ctypes.addressof(slots)
-        buf = cache[n] = (slots, (ctypes.c_void_p * max(n, 1))(*[base + 8 * i for i in range(n)]),
-                          struct.Struct(f"<{n}Q"))
+        buf = cache[n] = _new_arg_arrays(n)
     return buf
+
+
+def _f32_bits(x: float) -> int:
+    return _U32.unpack(_F32.pack(x))[0]
 
 
 def _pack_args(args: Iterable[Any], kernel_name: str):
@@ -715,7 +733,7 @@ def _arg_values(args: Iterable[Any], kernel_name: str) -> list[int]:
         elif a is None:
             vals.append(0)
         elif t is float:
-            vals.append(_U32.unpack(_F32.pack(a))[0])
+            vals.append(_f32_bits(a))
         elif isinstance(a, torch.Tensor):
             vals.append(a.data_ptr())
         elif isinstance(a, bool):
@@ -723,7 +741,7 @@ def _arg_values(args: Iterable[Any], kernel_name: str) -> list[int]:
         elif isinstance(a, int):
             vals.append(int(a) & _MASK64)
         elif isinstance(a, float):
-            vals.append(_U32.unpack(_F32.pack(float(a)))[0])
+            vals.append(_f32_bits(float(a)))
         elif isinstance(a, _Typed):
             raw = struct.pack(a.fmt, a.value).ljust(8, b"\0")
             vals.append(struct.unpack("<Q", raw)[0])
@@ -732,7 +750,8 @@ def _arg_values(args: Iterable[Any], kernel_name: str) -> list[int]:
     return vals
 
 
-def _current_stream(device_index: int) -> int:
+def current_stream(device_index: int) -> int:
+    """The current torch stream of a device, as the raw handle launches take."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~10x cheaper, as Triton's launcher
@@ -759,8 +778,6 @@ class Kernel:
 
     def __call__(self, grid, block, *args, shared_mem: int = 0, stream=None) -> None:
         g, b = _dims(grid, "grid"), _dims(block, "block")
-        if 0 in g:
-            return
         _slots, ptrs = _pack_args(args, self.variant.name)
         self._launch(g, b, shared_mem, ctypes.addressof(ptrs), stream)
 
@@ -771,17 +788,10 @@ class Kernel:
             self._api.set_max_smem(self._func, shared_mem, self.variant.name)
             self._max_smem = shared_mem
         if stream is None:
-            stream = _current_stream(self.device_index)
+            stream = current_stream(self.device_index)
         elif not isinstance(stream, int):
             stream = stream.cuda_stream
         self._api.launch(self._func, g, b, shared_mem, stream, params, self)
-
-
-@functools.lru_cache(maxsize=None)
-def _array_types(n: int):
-    """ctypes array types of n slots and of n pointers, and a struct packing n 64-bit words
-    (filling an array through its constructor costs ~8 us for 46 arguments, pack_into ~1)."""
-    return ctypes.c_uint64 * n, ctypes.c_void_p * n, struct.Struct(f"<{n}Q")
 
 
 class Packed:
@@ -796,13 +806,8 @@ class Packed:
         self.kernel, self.shared_mem = kernel, int(shared_mem)
         self.grid, self.block = _dims(grid, "grid"), _dims(block, "block")
         vals = _arg_values(args, kernel.variant.name)
-        n = len(vals)
-        slots_t, ptrs_t, packer = _array_types(max(n, 1))
-        self._slots, self._ptrs = slots_t(), ptrs_t()
-        if n:
-            base = ctypes.addressof(self._slots)
-            packer.pack_into(self._slots, 0, *vals)
-            packer.pack_into(self._ptrs, 0, *range(base, base + 8 * n, 8))
+        self._slots, self._ptrs, packer = _new_arg_arrays(len(vals))
+        packer.pack_into(self._slots, 0, *vals)
 
     def put(self, index: int, tensor) -> None:
         """Argument `index` becomes this tensor's data pointer (None: a null pointer)."""
@@ -810,7 +815,7 @@ class Packed:
 
     def put_f32(self, index: int, value: float) -> None:
         """Argument `index` (a float parameter) becomes `value`."""
-        self._slots[index] = _U32.unpack(_F32.pack(value))[0]
+        self._slots[index] = _f32_bits(value)
 
     def launch(self, stream=None) -> None:
         """On the current torch stream (or `stream`), as Kernel.__call__."""
@@ -940,7 +945,7 @@ def clear_memo() -> None:
 
 
 __all__ = [
-    "Variant", "Compiled", "Kernel", "Packed", "compile_variant", "load", "cache_key", "cache_dir", "device_arch",
+    "Variant", "Compiled", "Kernel", "Packed", "current_stream", "compile_variant", "load", "cache_key", "cache_dir", "device_arch",
     "native_fp8_dtype", "warp_size", "resource_usage", "toolchain_for", "i32", "i64", "f32", "f64",
     "KernelError", "ToolchainMissingError", "KernelCompileError", "CompileForbiddenError", "clear_memo",
 ]
