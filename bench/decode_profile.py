@@ -137,8 +137,10 @@ def page_order(order: str, nb: int, per_2m: int, g) -> torch.Tensor:
 
 def layout():
     """The same decode (bf16, planner splits) over differently laid-out caches: page size, pages
-    shuffled or in order, token-major (NHD, vLLM's) or head-major (HND) pages. The last row of each
-    shape is one page per request, head-major: the dense [B, H, S, D] layout SDPA reads."""
+    shuffled or in order, token-major (NHD) or head-major (HND) pages, K and V as two tensors or
+    adjacent per token and head (`kv`: vLLM 0.32's layer-compact caches, LBNHC / LBHNC, which
+    this backend is served). The last row of each shape is one page per request, head-major: the
+    dense [B, H, S, D] layout SDPA reads."""
     from hip_kernels import decode
 
     bw = copy_bandwidth()
@@ -147,16 +149,24 @@ def layout():
         t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"])
         print(f"{b}x{ctx} S={s} cudnn {t_cudnn * 1e3:.1f} us", flush=True)
         torch.cuda.empty_cache()
-        for bs, order, hnd in ((16, "shuffled", False), (16, "shuffled", True), (16, "in order", False),
-                               (16, "in 2M", False), (16, "2M shuf", False),
-                               (16, "in order", True), (64, "shuffled", True), (256, "shuffled", True),
-                               (ctx, "in order", True)):
+        for bs, order, hnd, kv in ((16, "shuffled", False, False), (16, "shuffled", True, False),
+                                   (16, "in order", False, False), (16, "in 2M", False, False),
+                                   (16, "2M shuf", False, False), (16, "in order", True, False),
+                                   (16, "shuffled", False, True), (16, "shuffled", True, True),
+                                   (16, "in order", False, True), (16, "in order", True, True),
+                                   (64, "shuffled", True, False), (256, "shuffled", True, False),
+                                   (ctx, "in order", True, False)):
             g = torch.Generator(device="cuda").manual_seed(0)
             npages = -(-ctx // bs)
             nb = b * npages + 1
             shape = (nb, HK, bs, D) if hnd else (nb, bs, HK, D)
-            k = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+            if kv:  # one tensor, K in the first half of the last axis, V in the second
+                raw = torch.randn(shape[:-1] + (2 * D,), generator=g, device="cuda", dtype=torch.bfloat16)
+                k, v = raw[..., :D], raw[..., D:]
+            else:
+                raw = None
+                k = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
             if hnd:
                 k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
             ids = page_order(order, nb, 2 * 1024 * 1024 // (bs * HK * D * 2), g)
@@ -169,10 +179,11 @@ def layout():
             fn = lambda: decode.splitkv_decode(q, k, v, cu, sl, bt, max_query_len=1, num_splits=s, out=out,
                                                workspace=ws)
             t = bench_ms(fn)
-            print(f"{b}x{ctx} page {bs:6d} {order:8s} {'HND' if hnd else 'NHD'} {t * 1e3:7.1f} us"
+            name = ("LBHNC" if hnd else "LBNHC") if kv else ("HND" if hnd else "NHD")
+            print(f"{b}x{ctx} page {bs:6d} {order:8s} {name:5s} {t * 1e3:7.1f} us"
                   f"  {kv_bytes(b, ctx, 2) / t / 1e6 / (bw / 1e9) * 100:5.1f}% copy  vs cudnn {t_cudnn / t:5.3f}x",
                   flush=True)
-            del k, v, fn
+            del k, v, fn, raw
             torch.cuda.empty_cache()
 
 
