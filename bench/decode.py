@@ -5,8 +5,9 @@ Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64
 8 x 32k, 1 x 128k context; and the same with an FP8 e4m3 cache (per-tensor and per-page scales).
 Peers: torch SDPA decode on dense KV (cuDNN and flash backends) and the Triton unified decode
 (`atom_backend.unified.paged_decode`) when it exists. Pages are shuffled (the worst placement a
-long-running block pool can produce); bf16 is also timed with each request's pages in order, the
-placement closest to the peers' dense KV, and reported beside it. Splits: the planner's choice, plus a sweep
+long-running block pool can produce); bf16 is also timed with each request's pages in order (the
+placement closest to the peers' dense KV) and as vLLM's block pool leaves them after churn
+(`bench.placement`, "served"), reported beside it. Splits: the planner's choice, plus a sweep
 (`--sweep`) to check the planner's rule. Every KV set is far larger than L2 (>= 512 MiB), so no
 rotation is needed; timings are medians of triton.testing.do_bench over CUDA-graph replays of
 one decode step (how vLLM runs decode; every peer gets the same treatment), so they hold kernel
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 
 import torch
 
@@ -46,20 +46,18 @@ def copy_bandwidth() -> float:
     return copy_bandwidth_gbs() * 1e9
 
 
-def build(batch: int, ctx: int, kv: str, seed: int = 0, in_order: bool = False):
-    """Paged cache with pages in random order (`in_order`: each request's pages consecutive in the
-    pool, as a fresh block pool hands out a prompt's blocks); q random; FP8 values spread over
-    e4m3's range."""
+def build(batch: int, ctx: int, kv: str, seed: int = 0, placement: str = "shuffled"):
+    """Paged cache whose pages sit as `placement` says (bench.placement: shuffled, in_order, served);
+    q random; FP8 values spread over e4m3's range."""
+    from bench.placement import page_tables
+
     g = torch.Generator(device="cuda").manual_seed(seed)
     npages = -(-ctx // BS)
-    nb = batch * npages + 16
+    tables, nb = page_tables(placement, batch, npages, BS, seed)
     kv_dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
     k = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
     v = torch.randn((nb, BS, HK, D), generator=g, device="cuda").to(kv_dtype)
-    perm = list(range(nb))
-    if not in_order:
-        random.Random(seed).shuffle(perm)
-    bt = torch.tensor(perm[: batch * npages], dtype=torch.int32, device="cuda").view(batch, npages)
+    bt = torch.tensor(tables, dtype=torch.int32, device="cuda")
     q = torch.randn((batch, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     sl = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -232,12 +230,14 @@ def main(argv=None) -> None:
                 record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)),
                        nbytes, "default")
             if kv == "bf16":
-                # Dense KV (the peers' input) against the same pages in order: what of the gap is
+                # The same batch with its pages placed as a fresh pool (in order) and as vLLM's block
+                # pool leaves them after churn (served): what of the gap to the peers' dense KV is
                 # page placement (reported beside the shuffled pages, never instead).
-                co = build(b, ctx, kv, in_order=True)
-                ours["bf16_in_order"] = record("ours_pages_in_order", shape, kv, planned, bench_ms(run_ours(co, planned)),
-                                               nbytes, "planned")
-                del co
+                for placement in ("in_order", "served"):
+                    co = build(b, ctx, kv, placement=placement)
+                    ours["bf16_" + placement] = record("ours_pages_" + placement, shape, kv, planned,
+                                                       bench_ms(run_ours(co, planned)), nbytes, "planned")
+                    del co
                 tf = triton_fn(c, planned)
                 if tf is not None:
                     peers["triton_unified"] = record("triton_unified", shape, kv, planned, bench_ms(tf), nbytes)
@@ -245,17 +245,18 @@ def main(argv=None) -> None:
             torch.cuda.empty_cache()
         summary.append((shape, ours, peers))
 
-    def in_order(ours, peers):
-        io = ours.get("bf16_in_order")
-        if io is None:
-            return ""
-        vs = f"{peers['sdpa_cudnn']['ms'] / io['ms']:.3f}x" if "sdpa_cudnn" in peers else "-"
-        return f" {io['ms'] * 1e3:11.1f} {vs:>9}"
+    def placed(ours, peers):
+        cols = ""
+        for placement in ("in_order", "served"):
+            r = ours.get("bf16_" + placement)
+            vs = f"{peers['sdpa_cudnn']['ms'] / r['ms']:.3f}x" if r and "sdpa_cudnn" in peers else "-"
+            cols += f" {r['ms'] * 1e3 if r else 0:11.1f} {vs:>9}"
+        return cols
 
-    print("\n# summary (planner's splits per KV dtype; pages shuffled unless the column says in order): time ratios are peer time / our time; "
+    print("\n# summary (planner's splits per KV dtype; pages shuffled unless the column says in order or served): time ratios are peer time / our time; "
           "fp8 x = bf16 time / fp8 time")
     print(f"{'shape':>12} {'S':>3} {'bf16 us':>8} {'%copy':>6} {'S8':>3} {'fp8 us':>7} {'fp8 x':>6} {'fp8pg us':>8} "
-          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9} {'in order us':>11} {'vs cudnn':>9}")
+          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9} {'in order us':>11} {'vs cudnn':>9} {'served us':>11} {'vs cudnn':>9}")
     for shape, ours, peers in summary:
         bp, ft, fp = ours["bf16"], ours["fp8_tensor"], ours["fp8_page"]
         ratio = []
@@ -264,7 +265,7 @@ def main(argv=None) -> None:
             ratio.append(f"{peers[key]['ms'] / bp['ms']:.3f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
         print(f"{shape[0]:>4}x{shape[1]:<7} {bp['splits']:>3} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
               f"{ft['splits']:>3} {ft['ms'] * 1e3:7.1f} {bp['ms'] / ft['ms']:6.2f} {fp['ms'] * 1e3:8.1f} "
-              f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio) + in_order(ours, peers))
+              f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio) + placed(ours, peers))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)

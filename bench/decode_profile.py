@@ -43,7 +43,7 @@ def case_fn(case, b, ctx, splits=None, sequential=False):
     if case == "cudnn":
         return sdpa_fns(b, ctx)["sdpa_cudnn"], None
     kv = KV_KINDS[case]
-    c = build(b, ctx, kv, in_order=sequential)
+    c = build(b, ctx, kv, placement="in_order" if sequential else "shuffled")
     s = splits or planned_splits(b, ctx, case)
     return run_ours(c, s), c
 
@@ -219,7 +219,7 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
         print(f"{b}x{ctx} cudnn {t_cudnn * 1e3 if t_cudnn else 0:.1f} us", flush=True)
         torch.cuda.empty_cache()
         for kv in kvs.split(","):
-            c = build(b, ctx, KV_KINDS[kv], in_order=sequential)
+            c = build(b, ctx, KV_KINDS[kv], placement="in_order" if sequential else "shuffled")
             if ragged:
                 c["sl"] = torch.tensor([1, 16, 17, 700, 2048, ctx], dtype=torch.int32, device="cuda")
             if hnd:  # head-major pages: a head's tokens of a page are one contiguous block

@@ -135,7 +135,7 @@ def main(argv=None):
     t_cudnn = bench_ms(graphed(sdpa_fns(batch, ctx)["sdpa_cudnn"]))
     report("sdpa_cudnn (dense)", t_cudnn)
     torch.cuda.empty_cache()
-    c = build(batch, ctx, "bf16", in_order=args.sequential)
+    c = build(batch, ctx, "bf16", placement="in_order" if args.sequential else "shuffled")
     s = planned_splits(batch, ctx)
     report(f"ours, decode (S={s})", bench_ms(graphed(run_ours(c, s))), t_cudnn)
     report(f"ours, partials (S={s})", bench_ms(graphed(run_ours(c, s, with_combine=False))), t_cudnn)
