@@ -169,19 +169,21 @@ def _gpu_unified(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
         out.index_copy_(0, rows, os_)
 
 
-def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int) -> None:
+def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, workspace=None) -> None:
     from atom_backend.unified import paged_decode
 
     qs, os_, rows = _rows_in(q, out, route.rows)
     paged_decode(qs, k_cache, v_cache, route.cu_seqlens_q, route.seq_lens, route.block_table,
-                 max_seqlen_q=route.max_seqlen_q, num_splits=max(1, min(num_splits, 256)), scale=p.scale,
+                 max_seqlen_q=route.max_seqlen_q, num_splits=max(1, min(num_splits, 256)), workspace=workspace,
+                 scale=p.scale,
                  window=p.window, sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_,
                  max_seqlen_k=route.max_seqlen_k)
     if rows is not None:
         out.index_copy_(0, rows, os_)
 
 
-def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None) -> None:
+def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None,
+                    workspace=None) -> None:
     key = ("splitkv", num_splits, balanced)
     plan = route.cache.get(key)
     if plan is None:  # planned by the batch's first layer, launched by every layer
@@ -189,7 +191,7 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
 
         plan = route.cache[key] = SplitKVPlan(
             route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
-            num_splits=num_splits, balanced=balanced)
+            num_splits=num_splits, balanced=balanced, workspace=workspace)
     qs, os_, rows = _rows_in(q, out, route.rows)
     plan.run(qs, k_cache, v_cache, out=os_, scale=p.scale, window=p.window, sinks=p.sinks, softcap=p.softcap,
              k_scale=p.k_scale, v_scale=p.v_scale)
@@ -242,12 +244,13 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
         with metrics.kernel_timer(md.decode.path):
             if md.decode_kernel == "hip" and _md._KERNEL_STATE.get("splitkv") is None:
                 try:
-                    _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced)
+                    _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced,
+                                    md.workspace)
                 except RuntimeError as e:  # KernelError and launch failures
                     _md.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
-                    _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits)
+                    _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace)
             else:
-                _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits)
+                _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace)
     if md.varlen is not None:
         with metrics.kernel_timer("varlen"):
             if _md._KERNEL_STATE.get("varlen") is None:

@@ -9,13 +9,17 @@ varlen, unified) the sub-batch the executors need: the token rows (a slice when 
 vLLM puts decodes first), cu_seqlens, seq_lens and block-table rows, and for the varlen route
 the packed-key layout of exactly the requests the plan sent there.
 
-CUDA graphs: ``AttentionCGSupport.NEVER`` for now. The kernels themselves do not sync and
-split-KV decode is correct for any split count, but this builder makes fresh index tensors per
-batch (not copies into buffers fixed at init), and none of it has been run under vLLM's capture
-on a GPU (vLLM cannot be installed on the GPU machine we test on). Declaring more would be a
-claim we cannot back. Eager layers stay cheap instead: the decode route's
-``hip_kernels.decode.SplitKVPlan`` (with its workspace) is made by the batch's first layer and
-launched by the others (~20 us of host time per layer, docs/perf/decode.md "session 21").
+CUDA graphs: ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``. vLLM captures one graph per
+padded batch size of single-token decodes and replays it for every later batch of that size
+after running ``build`` eagerly; prefills and mixed batches run eagerly (piecewise graphs). The
+captured launches read vLLM's persistent buffers (query_start_loc, seq_lens, block table: the
+decode route holds views of them, checked at capture), so a replay sees the new batch; padded
+requests have no query tokens and return at once. ``build_for_cudagraph_capture`` sizes the
+split count for ``max_seq_len`` (vLLM passes max_model_len there while the dummy lengths are 1),
+since the count is baked into the graph, and gives the route a workspace the builder owns (a
+graph outlives the metadata it was captured with). Eager layers stay cheap too: the decode
+route's ``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by
+the others (docs/perf/decode.md "session 21").
 """
 
 from __future__ import annotations
@@ -120,6 +124,7 @@ class AtomMetadata:
     on_cpu: bool
     decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
     decode_balanced: bool | None = None  # hip decode: None = the kernel's default, False = fixed ranges
+    workspace: torch.Tensor | None = None  # decode partials of a captured graph (the builder's)
 
     def routes(self):
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
@@ -198,7 +203,7 @@ def _group_layers(vllm_config, layer_names):
 
 
 class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -226,6 +231,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self.on_cpu = device.type == "cpu"
         self.platform = detect_platform(device)
         self._warned_sync = False
+        self._graph_workspaces: list[torch.Tensor] = []
         self._counter_file = os.environ.get("ATOM_DEBUG_COUNTERS") or None
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
@@ -244,7 +250,39 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AtomMetadata:
+        return self._build(common_attn_metadata)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AtomMetadata:
+        """The metadata a decode graph is captured with: splits for the longest context the
+        graph will replay (``max_seq_len``), the route's tensors checked to be views of vLLM's
+        persistent buffers, a builder-owned workspace."""
         cm = common_attn_metadata
+        md = self._build(cm, split_context=int(cm.max_seq_len))
+        r = md.decode
+        if r is None or md.varlen is not None or md.unified is not None or int(r.reqs[0]) != 0:
+            raise RuntimeError("atom: a CUDA graph is captured for a batch of decodes only (vLLM's uniform decode); "
+                               f"got routes {[x.path for x in md.routes()]}")
+        for name, mine, vllms in (("query_start_loc", r.cu_seqlens_q, cm.query_start_loc),
+                                  ("seq_lens", r.seq_lens, cm.seq_lens),
+                                  ("block_table", r.block_table, cm.block_table_tensor)):
+            if mine.data_ptr() != vllms.data_ptr():
+                raise RuntimeError(f"atom: the decode route's {name} is a copy, not a view of vLLM's buffer "
+                                   f"({vllms.dtype}): a captured graph would read stale values")
+        md.workspace = self._graph_workspace(md.num_splits * r.num_tokens * self.facts.num_q_heads
+                                             * (self.facts.head_dim + 1), cm.query_start_loc.device)
+        return md
+
+    def _graph_workspace(self, need: int, device) -> torch.Tensor:
+        """One workspace for every captured graph (graphs replay one at a time), grown by
+        doubling; an outgrown one stays allocated, since graphs captured earlier write it."""
+        ws = self._graph_workspaces[-1] if self._graph_workspaces else None
+        if ws is None or ws.numel() < need or ws.device != device:
+            ws = torch.empty(max(need, 2 * (ws.numel() if ws is not None else 0)), dtype=torch.float32,
+                             device=device)
+            self._graph_workspaces.append(ws)
+        return ws
+
+    def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None) -> AtomMetadata:
         n = cm.num_reqs
         qsl = np.asarray(cm.query_start_loc_cpu[: n + 1].numpy(), dtype=np.int64)
         new = np.diff(qsl)
@@ -259,7 +297,9 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
 
         decode_kernel = "torch" if self.on_cpu else ("hip" if p.decode_path == Path.SPLITKV else "triton")
         md = AtomMetadata(
-            num_actual_tokens=cm.num_actual_tokens, plan=p, num_splits=int(p.num_splits),
+            num_actual_tokens=cm.num_actual_tokens, plan=p,
+            num_splits=int(p.num_splits) if split_context is None else _planner.decode_splits(
+                len(p.decode), split_context, self.facts, self.platform, self.config),
             decode=self._route(cm, p.decode, p.decode_path.value, qsl, new, total),
             varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True),
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),

@@ -1,6 +1,7 @@
 """`python -m bench.host`: host time per layer of a decode step, what vLLM pays for every layer
-where attention runs eagerly (piecewise CUDA graphs leave attention out of the graph; this
-backend declares AttentionCGSupport.NEVER).
+where attention runs eagerly (piecewise CUDA graphs leave attention out of the graph: prefills
+and mixed batches), against a captured decode graph (vLLM's FULL graphs for batches of
+single-token decodes, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE).
 
     PYTHONPATH=. python -m bench.host [--json PATH]
 
@@ -8,6 +9,8 @@ Rows (us per call, median of --repeats timings of --calls calls each):
 - `step / layer`: one decode step as vLLM runs it eagerly, per layer: the builder's metadata for
   the batch, then STEP_LAYERS layers of AtomAttentionImpl.forward over LAYERS layers (each its
   own impl and vLLM-layout cache) in turn; the first layer of every step plans the batch.
+- `graph step / layer`: the same step as vLLM runs a captured decode graph: the builder's
+  metadata (vLLM still builds it eagerly), then one replay of the STEP_LAYERS layers.
 - `impl.forward`: one more layer on metadata already planned (the steady per-layer cost);
   `executors.run`: the same without the impl (its cache views and parameters).
 - `SplitKVPlan.run`: the hip_kernels call under it, at 1, 4 and 32 splits (32 is past
@@ -76,7 +79,7 @@ def main(argv=None) -> list[dict]:
     builder.facts = ModelFacts(HQ, HK, D, page_size=PAGE)
     builder.config = PlannerConfig()
     builder.platform, builder.block_size, builder.on_cpu = detect_platform(dev), PAGE, False
-    builder._warned_sync, builder._counter_file = False, None
+    builder._warned_sync, builder._counter_file, builder._graph_workspaces = False, None, []
     gen = torch.Generator().manual_seed(0)
     rows = []
     print(f"{device_name()}: host us per call (device us per call from a graph replay)", flush=True)
@@ -129,6 +132,21 @@ def main(argv=None) -> list[dict]:
 
         add("step / layer", md.num_splits,
             per_call_us(step, max(1, args.calls // STEP_LAYERS), args.repeats) / STEP_LAYERS, None)
+        cap = builder.build_for_cudagraph_capture(cm)
+        for i in range(STEP_LAYERS):  # warm-up, as vLLM runs before capturing
+            forward(cap, i)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(STEP_LAYERS):
+                forward(cap, i)
+
+        def graph_step():
+            builder.build(0, cm)
+            graph.replay()
+
+        add("graph step / layer", cap.num_splits,
+            per_call_us(graph_step, max(1, args.calls // STEP_LAYERS), args.repeats) / STEP_LAYERS, None)
         add("impl.forward", md.num_splits, per_call_us(one_forward, args.calls, args.repeats), one_forward)
         add("executors.run", md.num_splits, per_call_us(one_layer, args.calls, args.repeats), one_layer)
         kc, vc = caches[0][:2]

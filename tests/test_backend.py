@@ -42,7 +42,7 @@ def test_declarations():
     assert AtomAttentionBackend.get_name() == "CUSTOM" and AttentionBackendEnum["CUSTOM"]
     assert AtomAttentionBackend.forward_includes_kv_cache_update is False
     assert AtomAttentionBackend.supports_sink() and AtomAttentionBackend.supports_sliding_window()
-    assert AtomMetadataBuilder._cudagraph_support == AttentionCGSupport.NEVER
+    assert AtomMetadataBuilder._cudagraph_support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     assert AtomAttentionBackend.get_builder_cls() is AtomMetadataBuilder
 
 

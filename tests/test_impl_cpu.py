@@ -14,6 +14,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from atom_backend import gather as atom_gather  # noqa: E402
+from atom_backend import planner  # noqa: E402
 from atom_backend import reference as ref  # noqa: E402
 from atom_backend.backend import split_kv_cache  # noqa: E402
 from atom_backend.impl import AtomAttentionImpl  # noqa: E402
@@ -31,6 +32,7 @@ def _builder(facts: ModelFacts, config: PlannerConfig | None = None, device="cpu
     b.facts, b.config = facts, config or PlannerConfig()
     b.platform = detect_platform(torch.device(device))
     b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, device == "cpu", False, None
+    b._graph_workspaces = []
     return b
 
 
@@ -229,6 +231,36 @@ def test_a_route_from_the_first_request_reads_vllms_query_start_loc():
     assert md.decode.cu_seqlens_q.tolist() == [0, 1, 2, 3]
     assert md.varlen.cu_seqlens_q.data_ptr() != case.qsl.data_ptr()
     assert md.varlen.cu_seqlens_q.tolist() == [0, 40]
+
+
+def test_capture_metadata_splits_for_max_seq_len_and_views_vllms_buffers():
+    """vLLM captures a decode graph with dummy lengths (1) and max_seq_len = max_model_len, then
+    replays it for any batch of that size: the split count is sized for max_seq_len, the route's
+    tensors are vLLM's buffers (a replay reads the new batch), the workspace is the builder's
+    and shared by the graphs; anything else is refused at capture."""
+    from atom_backend.kernels import platform_for
+
+    case = Case([1] * 4, [0] * 4, seed=7)
+    b = _builder(case.facts())
+    b.platform = platform_for("sm_90a", num_sms=132, use_tables=False)  # a GPU's waves to fill
+    cm = case.common()
+    cm.max_seq_len = 4096
+    eager = b.build(0, cm)
+    md = b.build_for_cudagraph_capture(cm)
+    assert eager.num_splits == 1 < md.num_splits
+    assert md.num_splits == planner.decode_splits(4, 4096, b.facts, b.platform, b.config)
+    assert md.decode.seq_lens.data_ptr() == case.seq_lens.data_ptr()
+    assert md.decode.block_table.data_ptr() == case.block_table.data_ptr()
+    need = md.num_splits * 4 * case.hq * (case.d + 1)
+    assert md.workspace.dtype == torch.float32 and md.workspace.numel() >= need
+    assert b.build_for_cudagraph_capture(cm).workspace is md.workspace
+    assert eager.workspace is None
+    cm.seq_lens = case.seq_lens.long()  # a copy would be captured: refused
+    with pytest.raises(RuntimeError, match="seq_lens is a copy"):
+        b.build_for_cudagraph_capture(cm)
+    mixed = Case([1, 40], [10, 0], seed=8)
+    with pytest.raises(RuntimeError, match="decodes only"):
+        _builder(mixed.facts()).build_for_cudagraph_capture(mixed.common())
 
 
 def test_a_layer_reuses_its_cache_views_and_params_until_they_change():
