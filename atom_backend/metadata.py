@@ -9,13 +9,14 @@ varlen, unified) the sub-batch the executors need: the token rows (a slice when 
 vLLM puts decodes first), cu_seqlens, seq_lens and block-table rows, and for the varlen route
 the packed-key layout of exactly the requests the plan sent there.
 
-CUDA graphs: ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``. vLLM captures one graph per
-padded batch size of single-token decodes and replays it for every later batch of that size
+CUDA graphs: ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE`` (``UNIFORM_BATCH`` with speculative
+decoding whose verification requests are decodes here, ``planner_config``). vLLM captures one
+graph per padded batch size of uniform decodes and replays it for every later batch of that size
 after running ``build`` eagerly; prefills and mixed batches run eagerly (piecewise graphs). The
 captured launches read vLLM's persistent buffers (query_start_loc, seq_lens, block table: the
 decode route holds views of them, checked at capture), so a replay sees the new batch; padded
 requests have no query tokens and return at once. ``build_for_cudagraph_capture`` sizes the
-split count for ``max_seq_len`` (vLLM passes max_model_len there while the dummy lengths are 1),
+split count for ``max_seq_len`` (vLLM passes max_model_len there; the dummy lengths are the query's),
 since the count is baked into the graph, and gives the route a workspace the builder owns (a
 graph outlives the metadata it was captured with). Eager layers stay cheap too: the decode
 route's ``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by
@@ -29,7 +30,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -195,6 +196,27 @@ def detect_platform(device: torch.device) -> _planner.Platform:
 layer_windows = _planner.reduce_layer_windows
 
 
+def _spec_decode_len(vllm_config) -> int:
+    """vLLM's widest verification request of speculative decoding (1 without)."""
+    try:
+        from vllm.v1.attention.backend import max_decode_query_len
+    except ImportError:  # a vLLM without it: no spec-as-decode either
+        return 1
+    return max_decode_query_len(vllm_config)
+
+
+def planner_config(vllm_config, env=None) -> PlannerConfig:
+    """The planner's settings (ATOM_* environment) for this engine. With speculative decoding and
+    ATOM_DECODE_MAX_QUERY_TOKENS unset, a verification request (1 + k tokens, up to the decode
+    kernel's 8) is a decode, as vLLM's batch reorder already treats it."""
+    env = os.environ if env is None else env
+    cfg = PlannerConfig.from_env(env)
+    spec = _spec_decode_len(vllm_config)
+    if "ATOM_DECODE_MAX_QUERY_TOKENS" not in env and cfg.decode_max_query_tokens < spec <= 8:
+        cfg = replace(cfg, decode_max_query_tokens=spec)
+    return cfg
+
+
 def _group_layers(vllm_config, layer_names):
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention import Attention
@@ -205,9 +227,17 @@ def _group_layers(vllm_config, layer_names):
 class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        """FULL graphs for batches of decodes of one length: single tokens, and speculative
+        decoding's verification requests where they are decodes here (planner_config)."""
+        if planner_config(vllm_config).decode_max_query_tokens >= _spec_decode_len(vllm_config) > 1:
+            return AttentionCGSupport.UNIFORM_BATCH
+        return cls._cudagraph_support
+
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.config = PlannerConfig.from_env()
+        self.config = planner_config(vllm_config)
         # Decodes first, so the split-KV route reads one contiguous slice of rows.
         self._init_reorder_batch_threshold(self.config.decode_max_query_tokens, supports_spec_as_decode=True)
         self.block_size = kv_cache_spec.block_size

@@ -263,6 +263,30 @@ def test_capture_metadata_splits_for_max_seq_len_and_views_vllms_buffers():
         _builder(mixed.facts()).build_for_cudagraph_capture(mixed.common())
 
 
+def test_speculative_verification_requests_are_decodes_and_graphed(monkeypatch):
+    """With speculative decoding (k drafts) a verification request of 1 + k tokens is a decode
+    (vLLM reorders it with the decodes) unless ATOM_DECODE_MAX_QUERY_TOKENS says otherwise, and
+    batches of them get FULL graphs (UNIFORM_BATCH); without, single-token decode batches."""
+    from atom_backend.metadata import AtomMetadataBuilder, planner_config
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    def cfg(k, parallel=False):
+        spec = None if k is None else types.SimpleNamespace(num_speculative_tokens=k, parallel_drafting=parallel)
+        return types.SimpleNamespace(speculative_config=spec, use_v2_model_runner=False)
+
+    monkeypatch.delenv("ATOM_DECODE_MAX_QUERY_TOKENS", raising=False)
+    support = AtomMetadataBuilder.get_cudagraph_support
+    assert planner_config(cfg(None), env={}).decode_max_query_tokens == 1
+    assert support(cfg(None), None) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert planner_config(cfg(3), env={}).decode_max_query_tokens == 4
+    assert planner_config(cfg(7), env={}).decode_max_query_tokens == 8
+    assert planner_config(cfg(8), env={}).decode_max_query_tokens == 1  # 9 tokens: past the kernel's 8
+    assert planner_config(cfg(3), env={"ATOM_DECODE_MAX_QUERY_TOKENS": "1"}).decode_max_query_tokens == 1
+    assert planner_config(cfg(2, parallel=True), env={}).decode_max_query_tokens == 5
+    assert support(cfg(3), None) == AttentionCGSupport.UNIFORM_BATCH
+    assert support(cfg(8), None) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+
 def test_a_layer_reuses_its_cache_views_and_params_until_they_change():
     """forward makes a layer's cache views and LayerParams once; a new cache tensor or new FP8
     scales (calibration, reload) are picked up, never stale."""

@@ -100,18 +100,19 @@ def test_unsupported_head_dim_and_fp32_route_to_triton():
 
 
 @needs_cuda
-@pytest.mark.parametrize("d,dtype,fp8", [(128, torch.bfloat16, False), (64, torch.bfloat16, True),
-                                         (32, torch.float32, False)])
-def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8):
+@pytest.mark.parametrize("d,dtype,fp8,qlen", [(128, torch.bfloat16, False, 1), (64, torch.bfloat16, True, 1),
+                                              (32, torch.float32, False, 1), (128, torch.bfloat16, False, 3)])
+def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8, qlen):
     """vLLM's FULL decode graphs (vllm/v1/worker/gpu_model_runner.py): its persistent
     query_start_loc / seq_lens / block table / slot mapping, a warm-up and a capture of a dummy
     batch (one token per request, lengths 1, max_seq_len = max_model_len) with metadata from
     build_for_cudagraph_capture, then for each later batch of the padded size: the buffers
     rewritten in place (padding: no query tokens, length 0, the null block 0), build() run
     eagerly, the graph replayed. Every layer's output must match the reference; d=32 fp32 is
-    the Triton decode route, the others the split-KV kernel (one with an FP8 cache)."""
+    the Triton decode route, the others the split-KV kernel (one with an FP8 cache, one with
+    speculative decoding's 3-token verification requests, vLLM's UNIFORM_BATCH)."""
     from atom_backend.metadata import kv_format
-    from atom_backend.planner import ModelFacts
+    from atom_backend.planner import ModelFacts, PlannerConfig
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     B, hq, hk, bs, max_len, layers = 8, 8, 2, 16, 4096, 2
@@ -133,36 +134,38 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8):
     kvd = kv_format("fp8" if fp8 else "auto", dtype, "cuda")
     facts = ModelFacts(num_q_heads=hq, num_kv_heads=hk, head_dim=d, page_size=bs, has_sinks=True, kv_dtype=kvd[0],
                        kv_scale_mode=kvd[1], dtype={torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype])
-    b = _builder(facts, THRESHOLDS, device=dev)
+    b = _builder(facts, PlannerConfig(cost_routing=False, decode_max_query_tokens=qlen), device=dev)
     impls = [AtomAttentionImpl(hq, d, d ** -0.5, hk, None, None, "fp8" if fp8 else "auto", None, sinks=sinks)
              for _ in range(layers)]
     # vLLM's persistent inputs, rewritten in place for every batch.
     qsl = torch.zeros(B + 1, dtype=torch.int32, device=dev)
     seq = torch.zeros(B, dtype=torch.int32, device=dev)
     bt = torch.zeros(B, width, dtype=torch.int32, device=dev)
-    slots = torch.zeros(B, dtype=torch.int64, device=dev)
-    q = torch.zeros(B, hq, d, dtype=dtype, device=dev)
-    kn, vn = torch.zeros(B, hk, d, dtype=dtype, device=dev), torch.zeros(B, hk, d, dtype=dtype, device=dev)
-    outs = [torch.zeros(B, hq, d, dtype=dtype, device=dev) for _ in range(layers)]
+    T = B * qlen
+    slots = torch.zeros(T, dtype=torch.int64, device=dev)
+    q = torch.zeros(T, hq, d, dtype=dtype, device=dev)
+    kn, vn = torch.zeros(T, hk, d, dtype=dtype, device=dev), torch.zeros(T, hk, d, dtype=dtype, device=dev)
+    outs = [torch.zeros(T, hq, d, dtype=dtype, device=dev) for _ in range(layers)]
 
     def load(lens, seed):
         n = len(lens)
         rng = torch.Generator().manual_seed(seed)
         blocks = (torch.randperm(num_blocks - 1, generator=rng)[: n * width] + 1).view(n, width).to(torch.int32)
-        qsl_cpu = torch.tensor(list(range(n + 1)) + [n] * (B - n), dtype=torch.int32)
+        qsl_cpu = torch.tensor([qlen * i for i in range(n + 1)] + [qlen * n] * (B - n), dtype=torch.int32)
         seq_cpu = torch.tensor(list(lens) + [0] * (B - n), dtype=torch.int32)
         bt_cpu = torch.zeros(B, width, dtype=torch.int32)
         bt_cpu[:n] = blocks
-        slot_cpu = torch.zeros(B, dtype=torch.int64)  # padding writes go to the null block
+        slot_cpu = torch.zeros(T, dtype=torch.int64)  # padding writes go to the null block
         for i, t in enumerate(lens):
-            slot_cpu[i] = int(bt_cpu[i, (t - 1) // bs]) * bs + (t - 1) % bs
+            for j, pos in enumerate(range(t - qlen, t)):
+                slot_cpu[qlen * i + j] = int(bt_cpu[i, pos // bs]) * bs + pos % bs
         for dst, src in ((qsl, qsl_cpu), (seq, seq_cpu), (bt, bt_cpu), (slots, slot_cpu)):
             dst.copy_(src)
         for t in (q, kn, vn):
             t.copy_(torch.randn(t.shape, generator=rng).to(dtype))
         return CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=seq, num_reqs=B, num_actual_tokens=B,
-            max_query_len=1, max_seq_len=max(lens), block_table_tensor=bt, slot_mapping=slots,
+            query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=seq, num_reqs=B, num_actual_tokens=T,
+            max_query_len=qlen, max_seq_len=max(lens), block_table_tensor=bt, slot_mapping=slots,
             seq_lens_cpu_upper_bound=seq_cpu)
 
     def step(md):
@@ -177,7 +180,7 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8):
             v_cache[slots // bs, slots % bs] = vw
             impls[layer].forward(LAYER, q, kn, vn, kv[layer], md, outs[layer])
 
-    cm = load([1] * B, seed=0)
+    cm = load([qlen] * B, seed=0)
     step(b.build(0, cm))  # warm-up (vLLM runs the dummy batch eagerly first)
     cm.max_seq_len = max_len
     md = b.build_for_cudagraph_capture(cm)
@@ -188,6 +191,7 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8):
         step(md)
     del md  # the graph outlives the metadata it was captured with
     for seed, lens in ((1, [max_len, 1, 17, 4000, 16, 2048, 3, 999]), (2, [300, 4095, 1, 64, 2500]), (3, [4096])):
+        lens = [max(t, qlen) for t in lens]
         cm = load(lens, seed)
         b.build(0, cm)  # vLLM builds the batch's metadata eagerly, then replays
         for o in outs:
@@ -200,8 +204,8 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8):
             if fp8:
                 k_cache = ref.dequant_per_tensor(k_cache.view(torch.float8_e4m3fn), LAYER._k_scale_float)
                 v_cache = ref.dequant_per_tensor(v_cache.view(torch.float8_e4m3fn), LAYER._v_scale_float)
-            want, _ = ref.paged_attention(q[:n].cpu().double(), k_cache.cpu().double(), v_cache.cpu().double(),
+            want, _ = ref.paged_attention(q[: qlen * n].cpu().double(), k_cache.cpu().double(), v_cache.cpu().double(),
                                           qsl[: n + 1].cpu(), bt[:n].cpu(), seq[:n].cpu(), scale=d ** -0.5,
                                           sinks=sinks.cpu().double())
-            assert_close(outs[layer][:n].float().cpu(), want.float(), dtype,
+            assert_close(outs[layer][: qlen * n].float().cpu(), want.float(), dtype,
                          what=f"replay {seed}, layer {layer}, lengths {lens}")
