@@ -409,14 +409,16 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         c["decode_requests"] += len(p.decode)
         c["varlen_requests"] += len(p.varlen)
         c["unified_requests"] += len(p.unified)
-        hit = cached[p.varlen] > 0
-        c["varlen_prefix_hit_requests"] += int(hit.sum())
-        c["varlen_cached_tokens"] += int(cached[p.varlen].sum())
-        c["unified_prefix_hit_requests"] += int((cached[p.unified] > 0).sum())
-        for i in p.varlen.tolist():
-            PREFILL_LOG.append((int(new[i]), int(cached[i]), "varlen", p.varlen_reason.value))
-        for i, why in zip(p.unified.tolist(), p.unified_reasons):
-            PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
+        if len(p.varlen):  # (numpy calls on empty arrays cost a decode step ~10 us)
+            c_v = cached[p.varlen]
+            c["varlen_prefix_hit_requests"] += int((c_v > 0).sum())
+            c["varlen_cached_tokens"] += int(c_v.sum())
+            for i in p.varlen.tolist():
+                PREFILL_LOG.append((int(new[i]), int(cached[i]), "varlen", p.varlen_reason.value))
+        if len(p.unified):
+            c["unified_prefix_hit_requests"] += int((cached[p.unified] > 0).sum())
+            for i, why in zip(p.unified.tolist(), p.unified_reasons):
+                PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
         if self._counter_file:
             from atom_backend import gather
 
