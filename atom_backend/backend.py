@@ -16,7 +16,7 @@ Support, per execution route (``docs/vllm.md`` has the table):
   ``layer._k_scale`` / ``_v_scale``. fp8_e5m2 is not supported (no kernel reads e5m2).
 - sinks (gpt-oss), per-layer sliding window, logits soft-cap: yes. ALiBi, MLA, sparse,
   encoder / cross attention, non-causal, cascade: no.
-- CUDA graphs: NEVER for now (see ``metadata.AtomMetadataBuilder``).
+- CUDA graphs: FULL graphs for batches of uniform decodes (``metadata.AtomMetadataBuilder``).
 """
 
 from __future__ import annotations

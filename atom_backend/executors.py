@@ -183,7 +183,7 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
 
 
 def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None,
-                    workspace=None) -> None:
+                    workspace=None, counters=None) -> None:
     key = ("splitkv", num_splits, balanced)
     plan = route.cache.get(key)
     if plan is None:  # planned by the batch's first layer, launched by every layer
@@ -191,7 +191,7 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
 
         plan = route.cache[key] = SplitKVPlan(
             route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
-            num_splits=num_splits, balanced=balanced, workspace=workspace)
+            num_splits=num_splits, balanced=balanced, workspace=workspace, counters=counters)
     qs, os_, rows = _rows_in(q, out, route.rows)
     plan.run(qs, k_cache, v_cache, out=os_, scale=p.scale, window=p.window, sinks=p.sinks, softcap=p.softcap,
              k_scale=p.k_scale, v_scale=p.v_scale)
@@ -245,7 +245,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
             if md.decode_kernel == "hip" and _md._KERNEL_STATE.get("splitkv") is None:
                 try:
                     _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced,
-                                    md.workspace)
+                                    md.workspace, md.counters)
                 except RuntimeError as e:  # KernelError and launch failures
                     _md.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
                     _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace)

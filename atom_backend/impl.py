@@ -61,21 +61,30 @@ class AtomAttentionImpl(AttentionImpl):
             raise ValueError(f"sinks has {sinks.shape[0]} entries for {num_heads} heads")
         self.sinks = sinks
         self._sinks_f32: torch.Tensor | None = None
+        self._sinks_stale = True
         # Per layer, the same cache tensor and parameters come back every step: their views and
         # LayerParams are made once (a layer's host time is what eager decode steps pay).
         self._views: tuple | None = None  # (kv_cache, data_ptr, k_cache, v_cache)
         self._params: executors.LayerParams | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype):
-        self._sinks_f32 = None  # loaded values: convert again on first use
+        self._sinks_stale = True  # loaded values: convert again on first use
         self._params = None
 
     def _sinks(self) -> torch.Tensor | None:
         if self.sinks is None:
             return None
-        if self._sinks_f32 is None:
-            # fp32 contiguous as the kernels take it; a fp32 parameter is used as is (no copy).
-            self._sinks_f32 = self.sinks.detach().to(torch.float32).contiguous()
+        if self._sinks_stale:
+            # fp32 contiguous as the kernels take it; a fp32 parameter is used as is (no copy). A
+            # reload (vLLM keeps its CUDA graphs across in-place weight reloads) lands in the
+            # buffer the graphs read.
+            new = self.sinks.detach().to(torch.float32).contiguous()
+            old = self._sinks_f32
+            if old is not None and new.data_ptr() != old.data_ptr() and old.shape == new.shape and old.device == new.device:
+                old.copy_(new)
+            else:
+                self._sinks_f32 = new
+            self._sinks_stale = False
         return self._sinks_f32
 
     def _caches(self, kv_cache: torch.Tensor):

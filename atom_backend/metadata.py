@@ -126,6 +126,7 @@ class AtomMetadata:
     decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
     decode_balanced: bool | None = None  # hip decode: None = the kernel's default, False = fixed ranges
     workspace: torch.Tensor | None = None  # decode partials of a captured graph (the builder's)
+    counters: torch.Tensor | None = None  # split-KV kernel counters of a captured graph (the builder's)
 
     def routes(self):
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
@@ -196,6 +197,18 @@ def detect_platform(device: torch.device) -> _planner.Platform:
 layer_windows = _planner.reduce_layer_windows
 
 
+def _graph_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A zeroed buffer shared by every captured graph (they replay one at a time), made here,
+    outside any capture: one made inside would come from the graphs' pool, where another graph's
+    temporaries can overwrite it. Grown by doubling; outgrown ones stay allocated, since graphs
+    captured earlier still use them."""
+    buf = buffers[-1] if buffers else None
+    if buf is None or buf.numel() < need or buf.device != device:
+        buf = torch.zeros(max(need, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
+        buffers.append(buf)
+    return buf
+
+
 def _spec_decode_len(vllm_config) -> int:
     """vLLM's widest verification request of speculative decoding (1 without)."""
     try:
@@ -231,7 +244,11 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
         """FULL graphs for batches of decodes of one length: single tokens, and speculative
         decoding's verification requests where they are decodes here (planner_config)."""
-        if planner_config(vllm_config).decode_max_query_tokens >= _spec_decode_len(vllm_config) > 1:
+        # Microbatching (DBO) hands capture per-microbatch copies of query_start_loc / seq_lens that
+        # a graph would keep: the same values for single-token decodes, not for wider requests
+        # split across microbatches.
+        ubatching = getattr(getattr(vllm_config, "parallel_config", None), "use_ubatching", False)
+        if not ubatching and planner_config(vllm_config).decode_max_query_tokens >= _spec_decode_len(vllm_config) > 1:
             return AttentionCGSupport.UNIFORM_BATCH
         return cls._cudagraph_support
 
@@ -262,6 +279,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self.platform = detect_platform(device)
         self._warned_sync = False
         self._graph_workspaces: list[torch.Tensor] = []
+        self._graph_counters: list[torch.Tensor] = []
         self._counter_file = os.environ.get("ATOM_DEBUG_COUNTERS") or None
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
@@ -298,19 +316,16 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             if mine.data_ptr() != vllms.data_ptr():
                 raise RuntimeError(f"atom: the decode route's {name} is a copy, not a view of vLLM's buffer "
                                    f"({vllms.dtype}): a captured graph would read stale values")
-        md.workspace = self._graph_workspace(md.num_splits * r.num_tokens * self.facts.num_q_heads
-                                             * (self.facts.head_dim + 1), cm.query_start_loc.device)
-        return md
+        dev = cm.query_start_loc.device
+        f = self.facts
+        md.workspace = _graph_buffer(self._graph_workspaces, md.num_splits * r.num_tokens * f.num_q_heads
+                                     * (f.head_dim + 1), torch.float32, dev)
+        if md.decode_kernel == "hip":
+            from hip_kernels.decode import counter_elems
 
-    def _graph_workspace(self, need: int, device) -> torch.Tensor:
-        """One workspace for every captured graph (graphs replay one at a time), grown by
-        doubling; an outgrown one stays allocated, since graphs captured earlier write it."""
-        ws = self._graph_workspaces[-1] if self._graph_workspaces else None
-        if ws is None or ws.numel() < need or ws.device != device:
-            ws = torch.empty(max(need, 2 * (ws.numel() if ws is not None else 0)), dtype=torch.float32,
-                             device=device)
-            self._graph_workspaces.append(ws)
-        return ws
+            md.counters = _graph_buffer(self._graph_counters, counter_elems(len(r.reqs), f.num_q_heads, f.num_kv_heads,
+                                                                            r.max_seqlen_q), torch.int32, dev)
+        return md
 
     def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None) -> AtomMetadata:
         n = cm.num_reqs

@@ -79,7 +79,8 @@ def main(argv=None) -> list[dict]:
     builder.facts = ModelFacts(HQ, HK, D, page_size=PAGE)
     builder.config = PlannerConfig()
     builder.platform, builder.block_size, builder.on_cpu = detect_platform(dev), PAGE, False
-    builder._warned_sync, builder._counter_file, builder._graph_workspaces = False, None, []
+    builder._warned_sync, builder._counter_file = False, None
+    builder._graph_workspaces, builder._graph_counters = [], []
     gen = torch.Generator().manual_seed(0)
     rows = []
     print(f"{device_name()}: host us per call (device us per call from a graph replay)", flush=True)

@@ -343,6 +343,11 @@ def balance_pays(q, k_cache, cu_seqlens_q, num_splits: int, max_query_len: int) 
     return 10 * ctas >= 9 * _num_sms(q.device) * MMA_CTAS_PER_SM[2]
 
 
+def counter_elems(batch: int, num_q_heads: int, num_kv_heads: int, max_query_len: int) -> int:
+    """int32 counters the tensor-core split kernel needs: two per (request, kv head, row block)."""
+    return 2 * batch * num_kv_heads * _mma_row_blocks(max_query_len, num_q_heads // max(num_kv_heads, 1))
+
+
 def workspace_elems(num_splits: int, total_q: int, num_q_heads: int, head_dim: int) -> int:
     """float32 elements of the workspace: o_partial [S, T, H, D] then lse_partial [S, T, H]."""
     return num_splits * total_q * num_q_heads * (head_dim + 1)
@@ -394,16 +399,20 @@ class SplitKVPlan:
     fixed key ranges (bitwise repeatable). impl: None (choose_impl for the device), "mma" or "fma".
     workspace: fp32 buffer to use (>= workspace_elems), else the plan allocates one per stream and
     keeps every buffer it allocated while it lives: a graph captured from `run` must not outlive
-    the plan.
+    the plan. counters: zeroed int32 buffer (>= counter_elems) for the split kernel's completion
+    and slice counters, else the per-stream `semaphores`; a graph that outlives the plan needs
+    one allocated outside its capture (one made inside would come from the graph pool, where
+    other graphs' temporaries may overwrite it).
     """
 
     def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-                 max_query_len, num_splits, balanced=None, impl=None, workspace=None, _tune=None):
+                 max_query_len, num_splits, balanced=None, impl=None, workspace=None, counters=None, _tune=None):
         self.cu_seqlens_q, self.seq_lens, self.block_table = cu_seqlens_q, seq_lens, block_table
         self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
         self.max_query_len, self.num_splits = max_query_len, num_splits
         self.balanced, self.impl, self._tune = balanced, impl, _tune
         self._workspace = workspace
+        self._counters = counters
         self._own: dict = {}  # stream -> workspace this plan allocated
         self._retired: list = []  # outgrown workspaces: launches captured earlier may still write them
         self._launches: dict = {}
@@ -562,7 +571,13 @@ class SplitKVPlan:
             if balanced is None:
                 balanced = balance_pays(q, k_cache, self.cu_seqlens_q, num_splits, max_query_len)
             balanced = bool(balanced) and kv_code < 2  # the kernel balances 16-bit KV only
-            sem = semaphores(q.device, 2 * batch * hk * row_blocks) if num_splits > 1 and (done or balanced) else None
+            sem = None
+            if num_splits > 1 and (done or balanced):
+                need = counter_elems(batch, hq, hk, max_query_len)
+                sem = self._counters if self._counters is not None else semaphores(q.device, need)
+                if sem.dtype != torch.int32 or not sem.is_contiguous() or sem.numel() < need or sem.device != q.device:
+                    raise ValueError(f"counters must be a contiguous int32 tensor on {q.device} with >= {need} "
+                                     "elements (counter_elems), zeroed")
             fin = [out, out.stride(0), out.stride(1), lse_out, sinks] if done else [None, 0, 0, None, None]
             args = head + [mkf, mvf, la.o_part, la.lse_part] + fin + [
                 total_q, hq, hk, group, row_blocks, num_splits, block_size, magic, shift] + tail + [sem, int(balanced)]

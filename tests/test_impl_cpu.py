@@ -32,7 +32,7 @@ def _builder(facts: ModelFacts, config: PlannerConfig | None = None, device="cpu
     b.facts, b.config = facts, config or PlannerConfig()
     b.platform = detect_platform(torch.device(device))
     b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, device == "cpu", False, None
-    b._graph_workspaces = []
+    b._graph_workspaces, b._graph_counters = [], []
     return b
 
 
@@ -303,6 +303,24 @@ def test_a_layer_reuses_its_cache_views_and_params_until_they_change():
     p2 = impl._layer_params(layer, torch.float32)
     assert p2 is not p1 and p2.k_scale == 0.5 and p2.v_scale == 1.25
     assert impl._layer_params(layer, torch.bfloat16).out_dtype == torch.bfloat16
+
+
+def test_reloaded_sinks_land_in_the_buffer_the_kernels_read():
+    """vLLM reloads weights in place and keeps its CUDA graphs: new sink values must reach the
+    fp32 buffer captured launches point at, for bf16 sinks (converted) and fp32 ones (as is)."""
+    case = Case([1], [40], seed=9)
+    bf = torch.nn.Parameter(torch.randn(case.hq).to(torch.bfloat16), requires_grad=False)
+    impl = _impl(case, sinks=bf)
+    first = impl._sinks()
+    assert first.dtype == torch.float32 and torch.equal(first, bf.float())
+    bf.data.copy_(torch.randn(case.hq).to(torch.bfloat16))
+    impl.process_weights_after_loading(torch.bfloat16)
+    assert impl._sinks() is first and torch.equal(first, bf.float())
+    fp = torch.nn.Parameter(torch.randn(case.hq), requires_grad=False)
+    impl = _impl(case, sinks=fp)
+    assert impl._sinks().data_ptr() == fp.data_ptr()
+    impl.process_weights_after_loading(torch.float32)
+    assert impl._sinks().data_ptr() == fp.data_ptr()
 
 
 def test_padding_slots_are_skipped_and_profile_run_zero_fills():

@@ -108,7 +108,10 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8, qlen):
     batch (one token per request, lengths 1, max_seq_len = max_model_len) with metadata from
     build_for_cudagraph_capture, then for each later batch of the padded size: the buffers
     rewritten in place (padding: no query tokens, length 0, the null block 0), build() run
-    eagerly, the graph replayed. Every layer's output must match the reference; d=32 fp32 is
+    eagerly, the graph of that size replayed. Two sizes are captured, and another graph of the
+    same memory pool replays before each (vLLM shares one pool between its graphs: that graph's
+    freed temporaries, filled with junk, sit where anything allocated during a decode capture
+    would go). Every layer's output must match the reference; d=32 fp32 is
     the Triton decode route, the others the split-KV kernel (one with an FP8 cache, one with
     speculative decoding's 3-token verification requests, vLLM's UNIFORM_BATCH)."""
     from atom_backend.metadata import kv_format
@@ -147,56 +150,70 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8, qlen):
     kn, vn = torch.zeros(T, hk, d, dtype=dtype, device=dev), torch.zeros(T, hk, d, dtype=dtype, device=dev)
     outs = [torch.zeros(T, hq, d, dtype=dtype, device=dev) for _ in range(layers)]
 
-    def load(lens, seed):
-        n = len(lens)
+    def load(lens, seed, size):
+        """The batch `lens` padded to `size` requests, written into the persistent buffers."""
+        n, t_size = len(lens), size * qlen
         rng = torch.Generator().manual_seed(seed)
         blocks = (torch.randperm(num_blocks - 1, generator=rng)[: n * width] + 1).view(n, width).to(torch.int32)
-        qsl_cpu = torch.tensor([qlen * i for i in range(n + 1)] + [qlen * n] * (B - n), dtype=torch.int32)
-        seq_cpu = torch.tensor(list(lens) + [0] * (B - n), dtype=torch.int32)
-        bt_cpu = torch.zeros(B, width, dtype=torch.int32)
+        qsl_cpu = torch.tensor([qlen * i for i in range(n + 1)] + [qlen * n] * (size - n), dtype=torch.int32)
+        seq_cpu = torch.tensor(list(lens) + [0] * (size - n), dtype=torch.int32)
+        bt_cpu = torch.zeros(size, width, dtype=torch.int32)
         bt_cpu[:n] = blocks
-        slot_cpu = torch.zeros(T, dtype=torch.int64)  # padding writes go to the null block
+        slot_cpu = torch.zeros(t_size, dtype=torch.int64)  # padding writes go to the null block
         for i, t in enumerate(lens):
             for j, pos in enumerate(range(t - qlen, t)):
                 slot_cpu[qlen * i + j] = int(bt_cpu[i, pos // bs]) * bs + pos % bs
         for dst, src in ((qsl, qsl_cpu), (seq, seq_cpu), (bt, bt_cpu), (slots, slot_cpu)):
-            dst.copy_(src)
+            dst[: src.shape[0]].copy_(src)
         for t in (q, kn, vn):
-            t.copy_(torch.randn(t.shape, generator=rng).to(dtype))
+            t[:t_size].copy_(torch.randn((t_size,) + t.shape[1:], generator=rng).to(dtype))
         return CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=seq, num_reqs=B, num_actual_tokens=T,
-            max_query_len=qlen, max_seq_len=max(lens), block_table_tensor=bt, slot_mapping=slots,
-            seq_lens_cpu_upper_bound=seq_cpu)
+            query_start_loc=qsl[: size + 1], query_start_loc_cpu=qsl_cpu, seq_lens=seq[:size], num_reqs=size,
+            num_actual_tokens=t_size, max_query_len=qlen, max_seq_len=max(lens), block_table_tensor=bt[:size],
+            slot_mapping=slots[:t_size], seq_lens_cpu_upper_bound=seq_cpu)
 
-    def step(md):
+    def step(md, size):
+        t_size = size * qlen
+        sl = slots[:t_size]
         for layer in range(layers):
             k_cache, v_cache = split_kv_cache(kv[layer], d)
-            kw, vw = kn, vn
+            kw, vw = kn[:t_size], vn[:t_size]
             if fp8:
                 k_cache, v_cache = k_cache.view(torch.float8_e4m3fn), v_cache.view(torch.float8_e4m3fn)
-                kw = (kn.float() / LAYER._k_scale_float).to(torch.float8_e4m3fn)
-                vw = (vn.float() / LAYER._v_scale_float).to(torch.float8_e4m3fn)
-            k_cache[slots // bs, slots % bs] = kw
-            v_cache[slots // bs, slots % bs] = vw
-            impls[layer].forward(LAYER, q, kn, vn, kv[layer], md, outs[layer])
+                kw = (kw.float() / LAYER._k_scale_float).to(torch.float8_e4m3fn)
+                vw = (vw.float() / LAYER._v_scale_float).to(torch.float8_e4m3fn)
+            k_cache[sl // bs, sl % bs] = kw
+            v_cache[sl // bs, sl % bs] = vw
+            impls[layer].forward(LAYER, q[:t_size], kn[:t_size], vn[:t_size], kv[layer], md, outs[layer][:t_size])
 
-    cm = load([qlen] * B, seed=0)
-    step(b.build(0, cm))  # warm-up (vLLM runs the dummy batch eagerly first)
-    cm.max_seq_len = max_len
-    md = b.build_for_cudagraph_capture(cm)
-    assert md.decode_kernel == ("triton" if d == 32 else "hip") and md.num_splits > 1
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(md)
-    del md  # the graph outlives the metadata it was captured with
-    for seed, lens in ((1, [max_len, 1, 17, 4000, 16, 2048, 3, 999]), (2, [300, 4095, 1, 64, 2500]), (3, [4096])):
+    pool = torch.cuda.graph_pool_handle()  # vLLM's graphs share one pool
+    other = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(other, pool=pool):
+        junk = [torch.full((1 << k,), 12345, dtype=torch.int32, device=dev) for k in range(8, 21)]
+        del junk
+    graphs = {}
+    for size in (B, B // 2):  # largest first, as vLLM captures
+        cm = load([qlen] * size, seed=0, size=size)
+        step(b.build(0, cm), size)  # warm-up (vLLM runs the dummy batch eagerly first)
+        cm.max_seq_len = max_len
+        md = b.build_for_cudagraph_capture(cm)
+        assert md.decode_kernel == ("triton" if d == 32 else "hip") and md.num_splits > 1
+        torch.cuda.synchronize()
+        graphs[size] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[size], pool=pool):
+            step(md, size)
+        del md  # a graph outlives the metadata it was captured with
+    batches = ((1, [max_len, 1, 17, 4000, 16, 2048, 3, 999]), (2, [300, 4095, 1, 64, 2500]), (3, [4096, 5, 700]),
+               (4, [2]))
+    for seed, lens in batches:
         lens = [max(t, qlen) for t in lens]
-        cm = load(lens, seed)
+        size = B if len(lens) > B // 2 else B // 2
+        cm = load(lens, seed, size)
         b.build(0, cm)  # vLLM builds the batch's metadata eagerly, then replays
         for o in outs:
             o.fill_(float("nan"))
-        graph.replay()
+        other.replay()
+        graphs[size].replay()
         torch.cuda.synchronize()
         n = len(lens)
         for layer in range(layers):
@@ -208,4 +225,4 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8, qlen):
                                           qsl[: n + 1].cpu(), bt[:n].cpu(), seq[:n].cpu(), scale=d ** -0.5,
                                           sinks=sinks.cpu().double())
             assert_close(outs[layer][: qlen * n].float().cpu(), want.float(), dtype,
-                         what=f"replay {seed}, layer {layer}, lengths {lens}")
+                         what=f"replay {seed} (graph of {size}), layer {layer}, lengths {lens}")
