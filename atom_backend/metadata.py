@@ -275,13 +275,26 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
             page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
+        self._setup(device, detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None)
+        logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
+
+    @classmethod
+    def for_model(cls, facts: ModelFacts, config: PlannerConfig, device, platform=None) -> "AtomMetadataBuilder":
+        """A builder without a vLLM engine (tests, benchmarks): the model's facts and settings
+        given, the platform detected for `device` unless given."""
+        device = torch.device(device)
+        b = object.__new__(cls)
+        b.facts, b.config, b.block_size = facts, config, facts.page_size
+        b._setup(device, platform or detect_platform(device), None)
+        return b
+
+    def _setup(self, device, platform, counter_file) -> None:
         self.on_cpu = device.type == "cpu"
-        self.platform = detect_platform(device)
+        self.platform = platform
         self._warned_sync = False
         self._graph_workspaces: list[torch.Tensor] = []
         self._graph_counters: list[torch.Tensor] = []
-        self._counter_file = os.environ.get("ATOM_DEBUG_COUNTERS") or None
-        logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
+        self._counter_file = counter_file
 
     # -- host lengths ------------------------------------------------------------------
     def _host_seq_lens(self, cm: CommonAttentionMetadata) -> np.ndarray:

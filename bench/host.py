@@ -68,19 +68,14 @@ def main(argv=None) -> list[dict]:
 
     from atom_backend import executors
     from atom_backend.impl import AtomAttentionImpl
-    from atom_backend.metadata import AtomMetadataBuilder, detect_platform
+    from atom_backend.metadata import AtomMetadataBuilder
     from atom_backend.planner import ModelFacts, PlannerConfig
     from bench.calibrate import cu, paged
     from hip_kernels import decode
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     dev = torch.device("cuda")
-    builder = object.__new__(AtomMetadataBuilder)
-    builder.facts = ModelFacts(HQ, HK, D, page_size=PAGE)
-    builder.config = PlannerConfig()
-    builder.platform, builder.block_size, builder.on_cpu = detect_platform(dev), PAGE, False
-    builder._warned_sync, builder._counter_file = False, None
-    builder._graph_workspaces, builder._graph_counters = [], []
+    builder = AtomMetadataBuilder.for_model(ModelFacts(HQ, HK, D, page_size=PAGE), PlannerConfig(), dev)
     gen = torch.Generator().manual_seed(0)
     rows = []
     print(f"{device_name()}: host us per call (device us per call from a graph replay)", flush=True)

@@ -113,11 +113,8 @@ def main(argv=None) -> dict:
     facts = ModelFacts(HQ, HK, D, has_sinks=True, window=0, layer_windows=(0, WINDOW), page_size=PAGE)
     builders = {}
     for mode in MODES:
-        b = object.__new__(AtomMetadataBuilder)
-        b.facts = facts
-        b.config = PlannerConfig(force_path="" if mode == "cost" else mode)
-        b.platform, b.block_size, b.on_cpu, b._warned_sync, b._counter_file = platform, PAGE, False, False, None
-        builders[mode] = b
+        builders[mode] = AtomMetadataBuilder.for_model(
+            facts, PlannerConfig(force_path="" if mode == "cost" else mode), dev, platform)
     cost_src = getattr(platform.cost, "source", None)
     print(f"{device_name()} ({platform.arch}): cost table {cost_src or 'none (threshold routing)'}", flush=True)
     sinks = torch.randn(HQ, dtype=torch.float32, device=dev)

@@ -18,7 +18,7 @@ from atom_backend import planner  # noqa: E402
 from atom_backend import reference as ref  # noqa: E402
 from atom_backend.backend import split_kv_cache  # noqa: E402
 from atom_backend.impl import AtomAttentionImpl  # noqa: E402
-from atom_backend.metadata import AtomMetadataBuilder, detect_platform, kv_format  # noqa: E402
+from atom_backend.metadata import AtomMetadataBuilder, kv_format  # noqa: E402
 from atom_backend.planner import ModelFacts, PlannerConfig, Reason  # noqa: E402
 from atom_backend.tolerances import assert_close  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
@@ -28,12 +28,7 @@ BS = 16
 
 def _builder(facts: ModelFacts, config: PlannerConfig | None = None, device="cpu") -> AtomMetadataBuilder:
     """The real builder without a vLLM config: only what build() reads."""
-    b = object.__new__(AtomMetadataBuilder)
-    b.facts, b.config = facts, config or PlannerConfig()
-    b.platform = detect_platform(torch.device(device))
-    b.block_size, b.on_cpu, b._warned_sync, b._counter_file = facts.page_size, device == "cpu", False, None
-    b._graph_workspaces, b._graph_counters = [], []
-    return b
+    return AtomMetadataBuilder.for_model(facts, config or PlannerConfig(), device)
 
 
 class Case:

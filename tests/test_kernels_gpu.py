@@ -88,10 +88,7 @@ FIRST_FORWARD = textwrap.dedent("""
         out = torch.empty_like(q)
         sinks = torch.randn(64, device=dev)
         for force in ("varlen", ""):  # every kernel of both paths is loaded at least once
-            b = object.__new__(AtomMetadataBuilder)
-            b.facts, b.config, b.platform = facts, PlannerConfig(force_path=force), platform
-            b.block_size, b.on_cpu, b._warned_sync, b._counter_file = 16, False, False, None
-            md = b.build(0, cm)
+            md = AtomMetadataBuilder.for_model(facts, PlannerConfig(force_path=force), dev, platform).build(0, cm)
             for w in (0, 128):
                 p = executors.LayerParams(0.125, w, 0.0, sinks, 0.5 if kv == "fp8" else None,
                                           0.5 if kv == "fp8" else None, torch.bfloat16)
