@@ -198,18 +198,6 @@ def detect_platform(device: torch.device) -> _planner.Platform:
 layer_windows = _planner.reduce_layer_windows
 
 
-def _graph_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """A zeroed buffer shared by every captured graph (they replay one at a time), made here,
-    outside any capture: one made inside would come from the graphs' pool, where another graph's
-    temporaries can overwrite it. Grown by doubling; outgrown ones stay allocated, since graphs
-    captured earlier still use them."""
-    buf = buffers[-1] if buffers else None
-    if buf is None or buf.numel() < need or buf.device != device:
-        buf = torch.zeros(max(need, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
-        buffers.append(buf)
-    return buf
-
-
 def _spec_decode_len(vllm_config) -> int:
     """vLLM's widest verification request of speculative decoding (1 without)."""
     try:
@@ -330,15 +318,17 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             if mine.data_ptr() != vllms.data_ptr():
                 raise RuntimeError(f"atom: the decode route's {name} is a copy, not a view of vLLM's buffer "
                                    f"({vllms.dtype}): a captured graph would read stale values")
-        dev = cm.query_start_loc.device
-        f = self.facts
-        md.workspace = _graph_buffer(self._graph_workspaces, md.num_splits * r.num_tokens * f.num_q_heads
-                                     * (f.head_dim + 1), torch.float32, dev)
-        if md.decode_kernel == "hip":
-            from hip_kernels.decode import counter_elems
+        # Shared by every captured graph (they replay one at a time) and made here, outside any
+        # capture: made inside, they would come from the pool vLLM's graphs share, where another
+        # graph's temporaries overwrite them.
+        from hip_kernels.decode import counter_elems, grown_buffer, workspace_elems
 
-            md.counters = _graph_buffer(self._graph_counters, counter_elems(len(r.reqs), f.num_q_heads, f.num_kv_heads,
-                                                                            r.max_seqlen_q), torch.int32, dev)
+        dev, f = cm.query_start_loc.device, self.facts
+        md.workspace = grown_buffer(self._graph_workspaces, workspace_elems(md.num_splits, r.num_tokens, f.num_q_heads,
+                                                                            f.head_dim), torch.float32, dev)
+        if md.decode_kernel == "hip":
+            md.counters = grown_buffer(self._graph_counters, counter_elems(len(r.reqs), f.num_q_heads, f.num_kv_heads,
+                                                                           r.max_seqlen_q), torch.int32, dev)
         return md
 
     def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None) -> AtomMetadata:

@@ -296,12 +296,11 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
 # Counters of the tensor-core split kernel with several splits (the balanced mode's slice counter
 # and the completion count that picks the CTA which combines): two int32 per (request, kv head,
 # row block), zero between launches (the last CTA of each group resets its pair), one buffer per
-# (device, stream) so that decodes on different streams never share a counter. Sized once for
-# large batches: growing it inside a CUDA-graph capture would capture its zero-fill too (correct,
-# one node more). A buffer that is outgrown stays allocated (_OUTGROWN): launches packed earlier
-# (SplitKVPlan, captured graphs) keep its address, and its counters stay zero.
-_SEMAPHORES: dict = {}
-_OUTGROWN: list = []
+# (device, stream) so that decodes on different streams never share a counter, sized once for
+# large batches (grown_buffer). One first made during a CUDA-graph capture comes from the graph
+# memory pool, where another graph of that pool may overwrite it: a graph that outlives its
+# capture takes counters made outside it (SplitKVPlan(counters=...)).
+_SEMAPHORES: dict = {}  # (device, stream) -> grown_buffer's list
 _MIN_SEMAPHORES = 1 << 16
 
 
@@ -311,17 +310,21 @@ _MIN_SEMAPHORES = 1 << 16
 FUSE_MAX_SPLITS = 16
 
 
+def grown_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The newest buffer of `buffers` if it holds `need` elements on `device`, else a new zeroed
+    one (at least twice the size) appended. Outgrown buffers stay in the list, allocated:
+    launches packed or captured earlier keep their addresses."""
+    buf = buffers[-1] if buffers else None
+    if buf is None or buf.numel() < need or buf.device != torch.device(device):
+        buf = torch.zeros(max(need, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
+        buffers.append(buf)
+    return buf
+
+
 def semaphores(device, count: int) -> torch.Tensor:
     """Zeroed int32 counters (>= count) for the tensor-core split kernel on the current stream."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _SEMAPHORES.get(key)
-    if buf is None or buf.numel() < count:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = torch.zeros(max(count, 2 * (buf.numel() if buf is not None else 0), _MIN_SEMAPHORES), dtype=torch.int32,
-                          device=device)
-        _SEMAPHORES[key] = buf
-    return buf
+    return grown_buffer(_SEMAPHORES.setdefault(key, []), max(count, _MIN_SEMAPHORES), torch.int32, device)
 
 
 @functools.lru_cache(maxsize=None)
