@@ -6,7 +6,9 @@ as a second ceiling; pages in order vs shuffled. `one --case C --shape BxN`: run
 times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`. `tunes --tunes JSON`:
 variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DRY": 1}]') beside
 the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
-pages). `variants`, `layout`: split counts, cache layouts. Host cost per call: `bench.host`.
+pages). `variants`, `layout`: split counts, cache layouts. `capture_splits`: the split count a
+vLLM decode graph keeps (sized for a long max_model_len) against the eager planner's, on short
+contexts. Host cost per call: `bench.host`.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def kernel_times(fn, reps=20):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline"))
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline", "capture_splits"))
     ap.add_argument("--tunes", default="", help='tunes / timeline: JSON list of defines (tunes: default [{"NUM_WARPS": 2}])')
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
@@ -78,6 +80,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.mode == "variants":
         return variants()
+    if args.mode == "capture_splits":
+        return capture_splits()
     if args.mode == "layout":
         return layout()
     if args.mode == "timeline":
@@ -196,6 +200,28 @@ def ctas_per_sm(tune, kv_code) -> int:
     warps = decode._mma_warps(decode._mma_variant(D, 0, kv_code, tune))
     per_sm = decode.MMA_CTAS_PER_SM[1 if kv_code >= 2 else 2]
     return max(1, per_sm * decode._mma_warps(base) // warps)
+
+
+def capture_splits():
+    """bf16 decode (SplitKVPlan, output written by the split kernel or its last CTA), CUDA-graph
+    replays: the eager planner's splits for the batch's context against those a graph captured
+    for a max_model_len of 32k / 128k keeps (metadata.build_for_cudagraph_capture)."""
+    from hip_kernels import decode
+
+    for b in (1, 4, 16, 64):
+        for ctx in (128, 512, 2048, 8192):
+            c = build(b, ctx, "bf16")
+            times, cols = {}, []
+            for label, s in (("eager", planned_splits(b, ctx)), ("graph 32k", planned_splits(b, 32768)),
+                             ("graph 128k", planned_splits(b, 131072))):
+                if s not in times:
+                    out = torch.empty_like(c["q"])
+                    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s)
+                    times[s] = bench_ms(lambda plan=plan, out=out: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
+                cols.append(f"{label} S{s} {times[s]:6.1f} us")
+            print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
+            del c
+            torch.cuda.empty_cache()
 
 
 def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):
