@@ -126,6 +126,10 @@ class AtomMetadata:
     on_cpu: bool
     decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
     decode_balanced: bool | None = None  # hip decode: None = the kernel's default, False = fixed ranges
+    # Fewest keys per split, applied per request on the device (planner.request_split_tokens):
+    # num_splits is the grid's bound (a captured graph's is sized for max_model_len), a short
+    # request uses fewer splits.
+    min_split_tokens: int = 0
     workspace: torch.Tensor | None = None  # decode partials of a captured graph (the builder's)
     counters: torch.Tensor | None = None  # split-KV kernel counters of a captured graph (the builder's)
 
@@ -354,6 +358,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
             decode_balanced=False if self.config.deterministic_decode else None,
+            min_split_tokens=_planner.request_split_tokens(len(p.decode), self.config),
         )
         self._count(p, new, cached)
         return md

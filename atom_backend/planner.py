@@ -16,6 +16,7 @@ Routing, per request (new = new query tokens, cached = tokens already in the KV 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -329,6 +330,16 @@ def decode_splits(
     cap = max(1, min(config.max_splits, max_context // config.min_split_tokens))
     per_sm = platform.decode_ctas_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_ctas_per_sm
     return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * per_sm, cap, config.wave_fill)
+
+
+def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
+    """Fewest keys per split of one request, applied by the split kernels per request: a request
+    of L visible keys uses clamp(L // m, 1, S) of the launch's S splits. It matters where S was
+    sized for longer contexts than the request's: a CUDA graph's S (for max_model_len) and the
+    short requests of a ragged batch. Few requests leave the GPU idle, so small splits still cut
+    latency; more requests fill it and want min_split_tokens. H100, 8 kv heads (docs/perf/decode.md,
+    session 23): the best bound was 64 keys at 1 request, 128 at 4, 256 at 16: 64 * isqrt(n)."""
+    return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
 
 
 def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],

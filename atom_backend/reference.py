@@ -256,15 +256,18 @@ def paged_attention(
 # --- Split-KV (decode) --------------------------------------------------------------------
 
 
-def split_ranges(sk: int, num_splits: int) -> list[tuple[int, int]]:
-    """Contiguous key ranges of ceil(sk / num_splits) keys; trailing splits may be empty."""
-    per = -(-sk // num_splits) if sk else 0
+def split_ranges(sk: int, num_splits: int, min_split_tokens: int = 0) -> list[tuple[int, int]]:
+    """Contiguous key ranges of ceil(sk / n) keys, n = num_splits; trailing splits may be empty.
+    min_split_tokens m > 0: n = clamp(sk // m, 1, num_splits), no split shorter than m keys
+    (unless it is the only one): num_splits is then an upper bound (a CUDA graph's grid)."""
+    n = max(1, min(num_splits, sk // min_split_tokens)) if min_split_tokens > 0 else num_splits
+    per = -(-sk // n) if sk else 0
     return [(min(s * per, sk), min((s + 1) * per, sk)) for s in range(num_splits)]
 
 
 def split_kv_partials(
     q, k, v, cu_seqlens_q, cu_seqlens_k, num_splits: int, *,
-    scale=None, causal=True, window=0, sink_tokens=0, softcap=0.0,
+    scale=None, causal=True, window=0, sink_tokens=0, softcap=0.0, min_split_tokens=0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-split normalised o_s [S, total_q, H, d] and lse_s [S, total_q, H] (no sinks)."""
     cdt = _compute_dtype(q)
@@ -283,7 +286,7 @@ def split_kv_partials(
         kb = expand_kv_heads(k[k0:k1].to(cdt), hq)
         vb = expand_kv_heads(v[k0:k1].to(cdt), hq)
         q_pos = torch.arange(sk - sq, sk)
-        for s, (j0, j1) in enumerate(split_ranges(sk, num_splits)):
+        for s, (j0, j1) in enumerate(split_ranges(sk, num_splits, min_split_tokens)):
             if j1 == j0:
                 continue
             vis = mask.visible(q_pos, torch.arange(j0, j1))

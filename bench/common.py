@@ -62,6 +62,14 @@ def graphed(fn):
 
 
 @functools.lru_cache(maxsize=None)
+def compiled_flex():
+    """FlexAttention compiled once per process, static shapes (how a peer would deploy it)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=None)
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, device: int = 0) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), far above L2 size."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)

@@ -3,7 +3,8 @@ bandwidth and against peers on the same shapes, in one process (DESIGN.md "Perfo
 
 Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64 x 4k,
 8 x 32k, 1 x 128k context; and the same with an FP8 e4m3 cache (per-tensor and per-page scales).
-Peers: torch SDPA decode on dense KV (cuDNN and flash backends) and the Triton unified decode
+Peers: torch SDPA decode on dense KV (cuDNN and flash backends), FlexAttention on the same dense KV
+(torch.compile'd, its decoding kernel for one query token) and the Triton unified decode
 (`atom_backend.unified.paged_decode`) when it exists. Pages are shuffled (the worst placement a
 long-running block pool can produce); bf16 is also timed with each request's pages in order (the
 placement closest to the peers' dense KV) and as vLLM's block pool leaves them after churn
@@ -23,7 +24,7 @@ import math
 import torch
 
 from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits, whole_wave_splits
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits, request_split_tokens, whole_wave_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16
@@ -75,22 +76,27 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
 
 
 def run_ours(c, splits, tune=None, with_combine=True, impl=None):
+    """One decode step as the backend launches it (the planner's per-request split bound included)."""
     ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
     out = torch.empty_like(c["q"])
+    m = request_split_tokens(c["q"].shape[0], PlannerConfig())
 
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, out=out, workspace=ws, impl=impl, **c["scales"])
+                                  num_splits=splits, min_split_tokens=m, out=out, workspace=ws, impl=impl,
+                                  **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **c["scales"])
+                                    num_splits=splits, min_split_tokens=m, workspace=ws, _tune=tune, impl=impl,
+                                    **c["scales"])
 
     return fn
 
 
-def sdpa_fns(batch: int, ctx: int):
-    """SDPA decode on dense bf16 KV of the same shape: {backend name: fn} for those that run."""
+def sdpa_fns(batch: int, ctx: int, flex: bool = False):
+    """Decode on dense bf16 KV of the same shape by SDPA's cuDNN and flash backends (and
+    FlexAttention with `flex`): {name: fn} for those that run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -119,6 +125,21 @@ def sdpa_fns(batch: int, ctx: int):
                 break
             except Exception as e:  # backend unavailable for this shape
                 print(f"# {name} ({gqa_mode}) unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    if not flex:
+        return fns
+    try:
+        from bench.common import compiled_flex
+
+        flex_attention = compiled_flex()
+
+        def fn():
+            return flex_attention(q, k, v, enable_gqa=True)
+
+        fn()
+        torch.cuda.synchronize()
+        fns["flex"] = fn
+    except Exception as e:  # FlexAttention needs triton and a working inductor
+        print(f"# flex unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     return fns
 
 
@@ -187,7 +208,7 @@ def main(argv=None) -> None:
     for shape in shapes:
         b, ctx = shape
         peers = {}
-        for name, fn in sdpa_fns(b, ctx).items():
+        for name, fn in sdpa_fns(b, ctx, flex=True).items():
             peers[name] = record(name, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, ctx, 2))
         torch.cuda.empty_cache()
         ours = {}
@@ -256,11 +277,11 @@ def main(argv=None) -> None:
     print("\n# summary (planner's splits per KV dtype; pages shuffled unless the column says in order or served): time ratios are peer time / our time; "
           "fp8 x = bf16 time / fp8 time")
     print(f"{'shape':>12} {'S':>3} {'bf16 us':>8} {'%copy':>6} {'S8':>3} {'fp8 us':>7} {'fp8 x':>6} {'fp8pg us':>8} "
-          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs triton':>9} {'in order us':>11} {'vs cudnn':>9} {'served us':>11} {'vs cudnn':>9}")
+          f"{'fp8pg x':>7} {'vs cudnn':>9} {'vs flash':>9} {'vs flex':>9} {'vs triton':>9} {'in order us':>11} {'vs cudnn':>9} {'served us':>11} {'vs cudnn':>9}")
     for shape, ours, peers in summary:
         bp, ft, fp = ours["bf16"], ours["fp8_tensor"], ours["fp8_page"]
         ratio = []
-        for n in ("sdpa_cudnn", "sdpa_flash", "triton_unified"):
+        for n in ("sdpa_cudnn", "sdpa_flash", "flex", "triton_unified"):
             key = n if n in peers else (n + "_expanded" if n + "_expanded" in peers else None)
             ratio.append(f"{peers[key]['ms'] / bp['ms']:.3f}x{'(e)' if key.endswith('expanded') else ''}" if key else "-")
         print(f"{shape[0]:>4}x{shape[1]:<7} {bp['splits']:>3} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "

@@ -205,23 +205,44 @@ def ctas_per_sm(tune, kv_code) -> int:
 def capture_splits():
     """bf16 decode (SplitKVPlan, output written by the split kernel or its last CTA), CUDA-graph
     replays: the eager planner's splits for the batch's context against those a graph captured
-    for a max_model_len of 32k / 128k keeps (metadata.build_for_cudagraph_capture)."""
+    for a max_model_len of 32k / 128k keeps (metadata.build_for_cudagraph_capture), each with
+    the grid's splits for every request ("m0") and with the backend's per-request bound ("m<m>",
+    planner.request_split_tokens: a request uses clamp(keys // m, 1, S) of them). Last rows: a
+    ragged batch, one long request beside short ones, eager."""
+    from atom_backend.planner import request_split_tokens
     from hip_kernels import decode
 
+    times = {}
+
+    def timed(c, s, mm):
+        out = torch.empty_like(c["q"])
+        plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, min_split_tokens=mm)
+        return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
+
     for b in (1, 4, 16, 64):
-        for ctx in (128, 512, 2048, 8192):
+        m = request_split_tokens(b, PlannerConfig())
+        for ctx in (64, 128, 256, 512, 1024, 2048, 8192):
             c = build(b, ctx, "bf16")
-            times, cols = {}, []
+            times.clear()
+            cols = []
             for label, s in (("eager", planned_splits(b, ctx)), ("graph 32k", planned_splits(b, 32768)),
                              ("graph 128k", planned_splits(b, 131072))):
-                if s not in times:
-                    out = torch.empty_like(c["q"])
-                    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s)
-                    times[s] = bench_ms(lambda plan=plan, out=out: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
-                cols.append(f"{label} S{s} {times[s]:6.1f} us")
+                for mm in ((0,) if label == "eager" else (0, m)):
+                    if (s, mm) not in times:
+                        times[s, mm] = timed(c, s, mm)
+                    cols.append(f"{label} S{s} m{mm} {times[s, mm]:6.1f} us")
             print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
             del c
             torch.cuda.empty_cache()
+    for b, long_ctx, short in ((2, 131072, 512), (8, 32768, 512)):
+        c = build(b, long_ctx, "bf16")
+        c["sl"] = torch.tensor([long_ctx] + [short] * (b - 1), dtype=torch.int32, device="cuda")
+        s = planned_splits(b, long_ctx)
+        m = request_split_tokens(b, PlannerConfig())
+        print(f"ragged 1 x {long_ctx} + {b - 1} x {short}, eager S{s}: m0 {timed(c, s, 0):6.1f} us | "
+              f"m{m} {timed(c, s, m):6.1f} us", flush=True)
+        del c
+        torch.cuda.empty_cache()
 
 
 def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):

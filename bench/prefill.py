@@ -96,7 +96,9 @@ def run_sdpa(seqs, q, k, v, backend):
 
 
 def run_flex(seqs, q, k, v, sinks_free=True):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from bench.common import compiled_flex
 
     (sq, sk), B = seqs[0], len(seqs)
     assert all(s == seqs[0] for s in seqs)
@@ -110,7 +112,7 @@ def run_flex(seqs, q, k, v, sinks_free=True):
         return ki <= qi + off
 
     bm = create_block_mask(causal, None, None, sq, sk, device=q.device)
-    f = torch.compile(flex_attention, dynamic=False)
+    f = compiled_flex()
     fn = lambda: f(qd, kd, vd, block_mask=bm, enable_gqa=hq != hk)
     fn()
     return fn

@@ -112,7 +112,9 @@ def prefill(name, hq, hk, d, batch, seqlen, window, sinks, sweep, out_rows):
         except Exception as e:
             print(f"  {label}: {type(e).__name__}: {str(e)[:160]}", flush=True)
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from bench.common import compiled_flex
 
         def mask_mod(b, h, qi, kj):
             m = kj <= qi
@@ -121,7 +123,7 @@ def prefill(name, hq, hk, d, batch, seqlen, window, sinks, sweep, out_rows):
             return m
 
         bm = create_block_mask(mask_mod, None, None, seqlen, seqlen, device="cuda")
-        flex = torch.compile(flex_attention, dynamic=False)
+        flex = compiled_flex()
         fn = lambda: flex(qd, kd, vd, block_mask=bm, enable_gqa=True)  # noqa: E731
         fn()
         res["flex"] = bench_ms(fn)

@@ -19,6 +19,10 @@ Split s of a request covers keys [lo + s*per, lo + (s+1)*per) of its visible ran
 lo is the first key the window lets the first query token see (0 without a window) and
 per = ceil((sk - lo) / num_splits); split 0 also takes the StreamingLLM sink tokens below lo.
 Without a window this is `reference.split_ranges`. Empty splits write lse = -inf, o = 0.
+`min_split_tokens` m > 0 (the backend passes its planner's): a request splits its visible range
+over ns = clamp((sk - lo) // m, 1, num_splits) splits instead, splits ns.. stay idle (lse -inf);
+num_splits is then the grid's bound, so a CUDA graph captured for long contexts still gives a
+short request the splits its own length is worth.
 Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from DESIGN.md's contiguous
 ranges on purpose: a request's splits claim 16-key slices of its whole range at run time, so a
 partial covers the slices its CTA took (the combined attention is the same; its rounding varies
@@ -409,10 +413,14 @@ class SplitKVPlan:
     """
 
     def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-                 max_query_len, num_splits, balanced=None, impl=None, workspace=None, counters=None, _tune=None):
+                 max_query_len, num_splits, min_split_tokens=0, balanced=None, impl=None, workspace=None,
+                 counters=None, _tune=None):
+        if not isinstance(min_split_tokens, int) or min_split_tokens < 0:
+            raise ValueError(f"min_split_tokens must be an int >= 0, got {min_split_tokens!r}")
         self.cu_seqlens_q, self.seq_lens, self.block_table = cu_seqlens_q, seq_lens, block_table
         self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
         self.max_query_len, self.num_splits = max_query_len, num_splits
+        self.min_split_tokens = min_split_tokens
         self.balanced, self.impl, self._tune = balanced, impl, _tune
         self._workspace = workspace
         self._counters = counters
@@ -556,7 +564,7 @@ class SplitKVPlan:
         tail = [
             scale * (_LOG2E if softcap == 0 else 1.0),
             softcap * _LOG2E, (1.0 / softcap) if softcap > 0 else 0.0,
-            int(window), int(sink_tokens),
+            int(window), int(sink_tokens), self.min_split_tokens,
         ]
         layer_at = [0, 3, 4, 19, 20]
         if impl == "mma":
@@ -620,29 +628,29 @@ def _stream(q) -> int:
 
 def splitkv_partials(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, softcap=0.0,
+    max_query_len, num_splits, min_split_tokens=0, scale=None, window=0, sink_tokens=0, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split kernel alone, once, over fixed key ranges (DESIGN.md's split ranges, bitwise
     repeatable): SplitKVPlan(..., balanced=False).partials(...)."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                       max_query_len=max_query_len, num_splits=num_splits, balanced=False, impl=impl,
-                       workspace=workspace, _tune=_tune)
+                       max_query_len=max_query_len, num_splits=num_splits, min_split_tokens=min_split_tokens,
+                       balanced=False, impl=impl, workspace=workspace, _tune=_tune)
     return plan.partials(q, k_cache, v_cache, scale=scale, window=window, sink_tokens=sink_tokens, softcap=softcap,
                          k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale)
 
 
 def splitkv_decode(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
+    max_query_len, num_splits, min_split_tokens=0, scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
     k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
     impl=None, balanced=None,
 ) -> torch.Tensor:
     """Decode attention of 1..max_query_len new tokens per request over the paged cache, once:
     SplitKVPlan(...).run(...). A caller launching several layers on one batch keeps the plan."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                       max_query_len=max_query_len, num_splits=num_splits, balanced=balanced, impl=impl,
-                       workspace=workspace)
+                       max_query_len=max_query_len, num_splits=num_splits, min_split_tokens=min_split_tokens,
+                       balanced=balanced, impl=impl, workspace=workspace)
     return plan.run(q, k_cache, v_cache, out=out, lse_out=lse_out, scale=scale, window=window,
                     sink_tokens=sink_tokens, sinks=sinks, softcap=softcap, k_scale=k_scale, v_scale=v_scale,
                     k_descale=k_descale, v_descale=v_descale)

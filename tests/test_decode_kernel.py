@@ -126,8 +126,9 @@ def _cumsum(xs):
         yield t
 
 
-def reference(batch, **attn):
-    """Reference (o, lse) in float32 on the CPU, from the pages in use only (pools may be huge)."""
+def _gathered(batch):
+    """q and the dense K, V of the batch in float32 on the CPU, from the pages in use only (pools
+    may be huge): (q, k, v, cu_seqlens_k)."""
     used = sorted({p for pg in batch["pages_of"] for p in pg})
     remap = {p: i for i, p in enumerate(used)}
     dev = batch["k_cache"].device
@@ -141,8 +142,19 @@ def reference(batch, **attn):
     pages = [[remap[p] for p in pg] for pg in batch["pages_of"]]
     seq_lens = [sk for _, sk in batch["seqs"]]
     k, v, cu_k = ref.gather_pages(kc, vc, pages, seq_lens, **sc)
-    q = batch["q"].float().cpu()
+    return batch["q"].float().cpu(), k, v, cu_k
+
+
+def reference(batch, **attn):
+    """Reference (o, lse) in float32 on the CPU."""
+    q, k, v, cu_k = _gathered(batch)
     return ref.varlen_attention(q, k, v, batch["cu_q"].cpu(), cu_k, **attn)
+
+
+def reference_partials(batch, num_splits, **attn):
+    """reference.split_kv_partials of the batch: (o_s, lse_s) in float32 on the CPU."""
+    q, k, v, cu_k = _gathered(batch)
+    return ref.split_kv_partials(q, k, v, batch["cu_q"].cpu(), cu_k, num_splits, **attn)
 
 
 def run_partials(batch, num_splits, max_query_len=None, **attn):
@@ -262,16 +274,47 @@ def test_partials_match_reference_splits(name):
     attn.pop("sinks", None)
     batch = make_batch(seqs, hq, hk, d, bs, seed=11, **build)
     o_part, lse_part = run_partials(batch, num_splits, **attn)
-    used = sorted({p for pg in batch["pages_of"] for p in pg})
-    idx = torch.tensor(used or [0], dtype=torch.long, device="cuda")
-    remap = {p: i for i, p in enumerate(used)}
-    sc = {k: (v.index_select(0, idx).cpu() if isinstance(v, torch.Tensor) else v) for k, v in batch["scales"].items()}
-    k, v, cu_k = ref.gather_pages(batch["k_cache"].index_select(0, idx).cpu(), batch["v_cache"].index_select(0, idx).cpu(),
-                                  [[remap[p] for p in pg] for pg in batch["pages_of"]], [sk for _, sk in seqs], **sc)
-    o_s, lse_s = ref.split_kv_partials(batch["q"].float().cpu(), k, v, batch["cu_q"].cpu(), cu_k, num_splits, **attn)
+    o_s, lse_s = reference_partials(batch, num_splits, **attn)
     dt = batch["q"].dtype
     assert_lse_close(lse_part.cpu(), lse_s, dt, f"{name} lse partials")
     assert_close(o_part.cpu(), o_s, dt, f"{name} o partials")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
+@pytest.mark.parametrize("kv", ["16", "fp8_page"])
+def test_min_split_tokens_idles_the_splits_a_request_is_not_worth(kv):
+    """min_split_tokens m: a request of sk keys uses clamp(sk // m, 1, S) of the grid's S splits
+    (reference.split_ranges), split by split as the reference; idle splits write o = 0 and
+    lse = -inf over a NaN-poisoned workspace."""
+    seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
+    S, m = 8, 256
+    batch = make_batch(seqs, 32, 8, 128, 16, kv=kv, seed=9)
+    total_q = batch["q"].shape[0]
+    ws = torch.full((decode.workspace_elems(S, total_q, 32, 128),), float("nan"), device="cuda")
+    o_part, lse_part = run_partials(batch, S, min_split_tokens=m, workspace=ws)
+    o_s, lse_s = reference_partials(batch, S, min_split_tokens=m)
+    assert_lse_close(lse_part.cpu(), lse_s, batch["q"].dtype, "lse partials")
+    assert_close(o_part.cpu(), o_s, batch["q"].dtype, "o partials")
+    used = torch.isfinite(lse_part[:, :, 0]).sum(0).tolist()  # splits holding keys, per query token
+    assert used == [8, 2, 2, 1, 1, 4, 4, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
+@pytest.mark.parametrize("num_splits", [6, 24])  # the last CTA combines / the combine kernel follows
+@pytest.mark.parametrize("balanced", [False, True])
+def test_min_split_tokens_full_decode(num_splits, balanced):
+    """A grid sized for long contexts over short requests (a CUDA graph's): every request's answer
+    and lse, sinks applied once, whichever CTA finishes it (out and lse start as NaN)."""
+    seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
+    batch = make_batch(seqs, 32, 8, 128, 16, seed=13)
+    sinks = torch.randn(32, generator=torch.Generator().manual_seed(3)).cuda()
+    for _ in range(2):  # a second launch reuses the counters the first left
+        out, lse = run_decode(batch, num_splits, sinks=sinks, min_split_tokens=256, balanced=balanced)
+    o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
+    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
+    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16)
 
 
 @pytest.mark.gpu

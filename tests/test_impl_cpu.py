@@ -209,11 +209,13 @@ def test_decode_splits_match_single_split():
     impl = _impl(case, sinks=sinks)
     impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, case.slot_mapping)
     want = _reference(case, impl, sinks).to(case.dtype)
+    assert md.min_split_tokens == planner.request_split_tokens(3, _builder(facts).config) > 0
     for splits in (1, 3, 8):
-        md.num_splits = splits
-        out = torch.full_like(case.q, float("nan"))
-        impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
-        assert_close(out, want, torch.float32, what=f"{splits} splits")
+        for m in (0, 100):  # 100: the 17-key request keeps one split, the 300-key one three
+            md.num_splits, md.min_split_tokens = splits, m
+            out = torch.full_like(case.q, float("nan"))
+            impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
+            assert_close(out, want, torch.float32, what=f"{splits} splits, min_split_tokens {m}")
 
 
 def test_a_route_from_the_first_request_reads_vllms_query_start_loc():

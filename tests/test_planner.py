@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, Platform, PlannerConfig, Reason, decode_splits, plan,
-                                   whole_wave_splits)
+                                   request_split_tokens, whole_wave_splits)
 from atom_backend.kernels import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
@@ -203,6 +203,17 @@ def test_decode_splits_fill_whole_waves(batch, ctx, kv, per_sm, want):
     assert s == want
     waves = batch * 8 * s / (132 * per_sm)
     assert s == min(64, max(1, ctx // 256)) or waves / math.ceil(waves) >= 0.95
+
+
+def test_request_split_tokens_grow_with_the_batch_up_to_min_split_tokens():
+    got = [request_split_tokens(n, PlannerConfig()) for n in (0, 1, 3, 4, 15, 16, 512)]
+    assert got == [64, 64, 64, 128, 192, 256, 256]
+    assert request_split_tokens(1, PlannerConfig(min_split_tokens=32)) == 32  # the setting caps it
+    # eager batches of one length keep the planner's splits: S <= ctx // min_split_tokens
+    facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
+    for n, ctx in ((1, 300), (4, 8192), (16, 600), (64, 4096)):
+        assert decode_splits(n, ctx, facts, Platform(num_sms=132), PlannerConfig()) <= max(
+            1, ctx // request_split_tokens(n, PlannerConfig()))
 
 
 def test_decode_splits_count_fp8_ctas_per_sm():

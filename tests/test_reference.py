@@ -257,11 +257,20 @@ def test_split_kv_combine_equals_full_attention(num_splits, opts):
 
 
 def test_split_ranges_cover_keys_once():
-    for sk in (0, 1, 5, 16, 17):
+    for sk in (0, 1, 5, 16, 17, 300):
         for s in (1, 2, 3, 8):
-            r = ref.split_ranges(sk, s)
-            assert len(r) == s
-            assert [j for a, b in r for j in range(a, b)] == list(range(sk))
+            for m in (0, 1, 4, 64):
+                r = ref.split_ranges(sk, s, m)
+                assert len(r) == s
+                assert [j for a, b in r for j in range(a, b)] == list(range(sk))
+
+
+def test_split_ranges_min_split_tokens_bounds_the_splits_used():
+    # clamp(sk // m, 1, S) splits of ceil(sk / n) keys, the rest empty
+    assert ref.split_ranges(300, 8, 64) == [(0, 75), (75, 150), (150, 225), (225, 300)] + [(300, 300)] * 4
+    assert ref.split_ranges(63, 8, 64) == [(0, 63)] + [(63, 63)] * 7
+    assert ref.split_ranges(0, 3, 64) == [(0, 0)] * 3
+    assert ref.split_ranges(4096, 8, 256) == ref.split_ranges(4096, 8)  # long enough: all splits
 
 
 def test_combine_all_empty_splits():

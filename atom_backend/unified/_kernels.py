@@ -158,7 +158,7 @@ def unified_attn_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt,
-    qk_scale, cap_in, cap_out, window, sink_tokens,
+    qk_scale, cap_in, cap_out, window, sink_tokens, min_split_keys,
     GROUP: tl.constexpr, HG: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, PAD_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINK_TOKENS: tl.constexpr,
@@ -220,7 +220,10 @@ def unified_attn_kernel(
     s_hi = sk
     if SPLIT:
         split = tl.program_id(2)
-        per = tl.cdiv(sk, tl.num_programs(2))
+        ns = tl.num_programs(2)
+        if min_split_keys > 0:  # none shorter than min_split_keys keys: splits ns.. stay empty
+            ns = tl.minimum(tl.maximum(sk // min_split_keys, 1), ns)
+        per = tl.cdiv(sk, ns)
         s_lo = tl.minimum(split * per, sk)
         s_hi = tl.minimum(s_lo + per, sk)
 

@@ -182,7 +182,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
     float k_factor, float v_factor, float fmt_factor,
     float* __restrict__ o_partial, float* __restrict__ lse_partial, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
-    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens) {
+    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int min_split_keys) {
   using namespace atom_decode;
   const float NEG_INF = atom::neg_inf();
   const int g = (int)atom::bid_x() / row_blocks;
@@ -218,9 +218,24 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   // Visible keys of the whole request: [lo, sk) plus the StreamingLLM sinks [0, n_sink).
   // Only [lo, sk) is split; split 0 also takes the sinks.
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
-  const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  const int per = (main_len + num_splits - 1) / num_splits;
+  // Splits of this request: none shorter than min_split_keys keys (decode_mma.hip); idle ones
+  // (s >= ns) write an empty split's partials (o = 0, lse = -inf) and return.
+  const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
+  if (s >= ns) {
+    for (int i = tid; i < ROWS * D; i += NUM_THREADS) {
+      const int r = i / D, d = i - r * D;
+      const int rg = rb * ROWS + r;
+      const int t = rg / group;
+      if (t >= sq) continue;
+      const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + g * group + (rg - t * group);
+      o_partial[row * D + d] = 0.f;
+      if (d == 0) lse_partial[row] = NEG_INF;
+    }
+    return;
+  }
+  const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
+  const int per = (main_len + ns - 1) / ns;
   const int st = imin(lo + s * per, sk > lo ? sk : lo);
   const int en = imin(st + per, sk > lo ? sk : lo);
   const int vcount = n_sink + (en - st);  // keys of this split, sinks first

@@ -214,8 +214,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     unsigned short* __restrict__ out, long long out_stride_t, long long out_stride_h,
     float* __restrict__ lse_out, const float* __restrict__ sinks, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
-    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int* __restrict__ sem,
-    int balanced) {
+    float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int min_split_keys,
+    int* __restrict__ sem, int balanced) {
   using namespace atom_dmma;
   using atom::mma::mma;
   typedef atom::mma::acc_t acc_t;
@@ -275,14 +275,35 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   }
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
+  const int main_len = sk > lo ? sk - lo : 0;
+  // Splits of this request (DESIGN.md's ranges over ns, not num_splits): none shorter than
+  // min_split_keys keys. num_splits is the grid's bound, sized for the longest context a launch
+  // may see (a CUDA graph keeps it); a shorter request leaves splits ns.. idle. An idle split
+  // returns at once: with the combine kernel to follow (no `out`) it writes an empty split's
+  // partials (o = 0, lse = -inf); with `out` the request's first CTA writes the answer (ns == 1)
+  // or its last active CTA combines ns partials.
+  const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
+  if (s >= ns) {
+    if (out == nullptr) {
+      const int rows = imin(M, sq * group - rb * M);
+      for (int i = tid; i < rows * D; i += NT) {
+        const int r = i / D, d = i - r * D;
+        const int rg = rb * M + r;
+        const int t = rg / group;
+        const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + g * group + (rg - t * group);
+        o_partial[row * D + d] = 0.f;
+        if (d == 0) lse_partial[row] = NEG_INF;
+      }
+    }
+    return;
+  }
   // Balanced (`balanced`, counters given, several splits): the CTAs of one (kv head, row block,
   // request) share its whole visible range, cut into KPW-key slices that warps claim from a
   // counter; a split's partial then covers the slices its warps took. Static: split s owns a
   // contiguous range.
-  const bool dyn = BALANCE && balanced != 0 && sem != nullptr && num_splits > 1;
+  const bool dyn = BALANCE && balanced != 0 && sem != nullptr && ns > 1;
   const int n_sink = (window > 0 && (s == 0 || dyn)) ? imin(sink_tokens, lo) : 0;
-  const int main_len = sk > lo ? sk - lo : 0;
-  const int per = dyn ? main_len : (main_len + num_splits - 1) / num_splits;
+  const int per = dyn ? main_len : (main_len + ns - 1) / ns;
   const int st = dyn ? lo : imin(lo + s * per, sk > lo ? sk : lo);
   const int en = imin(st + per, sk > lo ? sk : lo);
   const int vcount = n_sink + (en - st);
@@ -393,7 +414,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // before their page ids load.
   constexpr int NQ = NST + 3;
   const int nsl = (vcount + KPW - 1) / KPW;
-  const int per_round = dyn ? num_splits * NW : NW;
+  const int per_round = dyn ? ns * NW : NW;
   int* const counter = sem != nullptr ? sem + 2 * ((long long)b * atom::gdim_x() + atom::bid_x()) : nullptr;
   const int claimed0 = (NQ - 1) * per_round;  // first slice handed out by the counter
   int uq[NQ];
@@ -698,7 +719,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     const float o_val = lsum > 0.f ? ov / lsum : 0.f;
     const float lse = lsum > 0.f ? (mr + atom::log2_(lsum)) * 0.6931471805599453f : NEG_INF;
     const int h = g * group + hh;
-    if (out != nullptr && num_splits == 1) {
+    if (out != nullptr && ns == 1) {
       // One split: this is the answer (the combine's sink factor sigmoid(lse - sink) included).
       const float w = lsum > 0.f ? atom::sink_factor(lse, sinks, h) : 1.f;
       out[(long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d] = atom::from_f32(QT{}, o_val * w);
@@ -709,7 +730,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       if (d == 0) lse_partial[row] = lse;
     }
   }
-  if (sem != nullptr && num_splits > 1) {
+  if (sem != nullptr && ns > 1) {
     // Completion count of the group (the splits of this kv head, row block and request): its last
     // CTA resets the counters for the next launch (CUDA graphs replay the same buffer; each lane
     // 0's slice claims are performed before its CTA is counted) and, with `out`, combines the
@@ -720,7 +741,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     atom::fence_device();
     atom::sync_block();
     if (tid == 0) {
-      *last = atom::atomic_add(counter + 1, 1) == num_splits - 1;
+      *last = atom::atomic_add(counter + 1, 1) == ns - 1;
       if (*last) {
         counter[0] = 0;
         counter[1] = 0;
@@ -739,7 +760,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         const long long row = (long long)(q0 + t) * num_q_heads + h;
         float mx, lsum, acc[4];
         atom::combine_splits4<true, 8>(lse_partial + row, split_rows, o_partial + row * D + d, split_rows * D, 0, 1,
-                                        num_splits, mx, lsum, acc);
+                                        ns, mx, lsum, acc);
         const float lse = atom::finish_combined4(mx, lsum, acc, sinks, h);
         unsigned short* o = out + (long long)(q0 + t) * out_stride_t + (long long)h * out_stride_h + d;
 #pragma unroll
