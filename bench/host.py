@@ -14,7 +14,7 @@ Rows (us per call, median of --repeats timings of --calls calls each):
 - `impl.forward`: one more layer on metadata already planned (the steady per-layer cost);
   `executors.run`: the same without the impl (its cache views and parameters).
 - `SplitKVPlan.run`: the hip_kernels call under it, at 1, 4 and 32 splits (32 is past
-  FUSE_MAX_SPLITS: the combine kernel follows).
+  FUSE_MAX_SPLITS: the combine kernel follows where the splits are not balanced).
 - `splitkv_decode`: plan and run on every call (a caller that keeps no plan).
 - `builder.build`: the metadata of one batch (once per step, all layers).
 Contexts are short, so the GPU does not hold the host back; `device us` is the same call

@@ -3,11 +3,12 @@
 `splitkv_decode(...)` runs one launch of the split kernel, grid (kv heads x row blocks, requests,
 splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combine` merges the
 splits and applies the per-head sinks once. The tensor-core kernel needs no combine launch: with
-one split it writes the output and lse itself, with up to FUSE_MAX_SPLITS the last CTA of each
-(kv head, row block, request) combines its group's partials (completion counters in
-`semaphores`). No host synchronisation: every check here reads shapes, dtypes, strides and Python
-numbers only, so the call is CUDA-graph capturable when the caller passes a fixed `workspace` and
-a fixed `num_splits` (the planner picks it).
+one split it writes the output and lse itself, with up to FUSE_MAX_SPLITS
+(FUSE_MAX_BALANCED_SPLITS when balanced) the last CTA of each (kv head, row block, request)
+combines its group's partials (completion counters in `semaphores`). No host synchronisation:
+every check here reads shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph
+capturable when the caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks
+it).
 
 Semantics follow DESIGN.md: query i of a request with sq new tokens and sk keys sits at
 sk - sq + i; sliding window W keeps keys j > p - W, StreamingLLM sink tokens j < S stay visible;
@@ -308,10 +309,14 @@ _SEMAPHORES: dict = {}  # (device, stream) -> grown_buffer's list
 _MIN_SEMAPHORES = 1 << 16
 
 
-# Splits the last CTA of a group still combines faster than a combine launch (H100, session 18:
-# 8 x 32k at 4 splits -1.3 us; 1 x 128k at 32 even, also with session 19's one-pass combine;
-# FP8 at 63 splits +5 us: fixed ranges end apart and the last CTA starts the combine late).
+# Splits the last CTA of a group still combines faster than a combine launch on fixed ranges
+# (H100, session 18: 8 x 32k at 4 splits -1.3 us; FP8 at 63 splits +5 us: fixed ranges end apart
+# and the last CTA starts the combine late). Balanced splits end together: their last CTA
+# combines up to 32 as fast as the combine kernel (1 x 128k / 1 x 64k at 32, session 23; at 64
+# it is 3.6 us slower), and a CUDA graph sized for long contexts then keeps no combine launch
+# for short ones (1 x 512 keys: 14.9 -> 12.8 us).
 FUSE_MAX_SPLITS = 16
+FUSE_MAX_BALANCED_SPLITS = 32
 
 
 def grown_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -575,13 +580,13 @@ class SplitKVPlan:
             var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
             if self._tune:  # benchmarking knob: extra defines
                 var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, self._tune)
-            # One split writes the output itself; up to FUSE_MAX_SPLITS splits count their CTAs
-            # and the last of each group combines.
-            done = final and num_splits <= FUSE_MAX_SPLITS
             balanced = self.balanced
             if balanced is None:
                 balanced = balance_pays(q, k_cache, self.cu_seqlens_q, num_splits, max_query_len)
             balanced = bool(balanced) and kv_code < 2  # the kernel balances 16-bit KV only
+            # One split writes the output itself; several count their CTAs and the last of each
+            # group combines: up to FUSE_MAX_SPLITS, FUSE_MAX_BALANCED_SPLITS when balanced.
+            done = final and num_splits <= (FUSE_MAX_BALANCED_SPLITS if balanced else FUSE_MAX_SPLITS)
             sem = None
             if num_splits > 1 and (done or balanced):
                 need = counter_elems(batch, hq, hk, max_query_len)

@@ -39,11 +39,11 @@ def _counters_zero():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("balanced", [True, False])
-@pytest.mark.parametrize("num_splits", [3, 16, 33])  # 33: past FUSE_MAX_SPLITS, combine kernel
+@pytest.mark.parametrize("num_splits", [3, 16, 32, 33])  # past FUSE_MAX_SPLITS / FUSE_MAX_BALANCED_SPLITS
 @pytest.mark.parametrize("name", _MMA_CASES)
 def test_in_kernel_combine_vs_reference(name, num_splits, balanced):
     """out and lse start as NaN: every row must be written, by the last CTA of each group (up to
-    FUSE_MAX_SPLITS splits) or by the combine kernel (past it)."""
+    FUSE_MAX_SPLITS splits, FUSE_MAX_BALANCED_SPLITS balanced) or by the combine kernel."""
     seqs, hq, hk, d, bs, opts = CASES[name]
     build, attn = _split_opts(opts)
     batch = make_batch(seqs, hq, hk, d, bs, seed=zlib.crc32(f"bal/{name}/{num_splits}".encode()), **build)
