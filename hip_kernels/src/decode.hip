@@ -219,21 +219,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   // Only [lo, sk) is split; split 0 also takes the sinks.
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  // Splits of this request: none shorter than min_split_keys keys (decode_mma.hip); idle ones
-  // (s >= ns) write an empty split's partials (o = 0, lse = -inf) and return.
+  // Splits of this request: none shorter than min_split_keys keys (decode_mma.hip); splits
+  // ns.. get empty ranges (an early return here costs the FP8 variants spills).
   const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
-  if (s >= ns) {
-    for (int i = tid; i < ROWS * D; i += NUM_THREADS) {
-      const int r = i / D, d = i - r * D;
-      const int rg = rb * ROWS + r;
-      const int t = rg / group;
-      if (t >= sq) continue;
-      const long long row = ((long long)s * total_q + (q0 + t)) * num_q_heads + g * group + (rg - t * group);
-      o_partial[row * D + d] = 0.f;
-      if (d == 0) lse_partial[row] = NEG_INF;
-    }
-    return;
-  }
   const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
   const int per = (main_len + ns - 1) / ns;
   const int st = imin(lo + s * per, sk > lo ? sk : lo);
