@@ -177,7 +177,9 @@ class PlannerConfig:
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
     max_splits: int = 64  # ATOM_MAX_SPLITS: cap (one FP8 request of 128k fills its 4 CTAs per SM at 64)
-    min_split_tokens: int = 256  # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split
+    # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split when sizing a batch's splits, and the cap of
+    # the per-request bound on the device (request_split_tokens)
+    min_split_tokens: int = 256
     wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
     # ATOM_DETERMINISTIC_DECODE=1: split-KV decode on fixed key ranges (bitwise repeatable runs);

@@ -257,9 +257,9 @@ def paged_attention(
 
 
 def split_ranges(sk: int, num_splits: int, min_split_tokens: int = 0) -> list[tuple[int, int]]:
-    """Contiguous key ranges of ceil(sk / n) keys, n = num_splits; trailing splits may be empty.
-    min_split_tokens m > 0: n = clamp(sk // m, 1, num_splits), no split shorter than m keys
-    (unless it is the only one): num_splits is then an upper bound (a CUDA graph's grid)."""
+    """Contiguous key ranges of ceil(sk / n) keys, n = num_splits; trailing splits may be short or
+    empty. min_split_tokens m > 0: n = clamp(sk // m, 1, num_splits), about m keys or more per
+    split: num_splits is then an upper bound (a CUDA graph's grid), splits n.. are empty."""
     n = max(1, min(num_splits, sk // min_split_tokens)) if min_split_tokens > 0 else num_splits
     per = -(-sk // n) if sk else 0
     return [(min(s * per, sk), min((s + 1) * per, sk)) for s in range(num_splits)]

@@ -16,7 +16,7 @@ import torch
 
 from atom_backend.tolerances import assert_close, assert_lse_close
 from hip_kernels import decode
-from tests.test_decode_kernel import CASES, _split_opts, make_batch, reference
+from tests.test_decode_kernel import CASES, _split_opts, counters_zero, make_batch, reference
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 _MMA_CASES = [n for n in CASES if CASES[n][3] in decode.MMA_HEAD_DIMS]
@@ -30,11 +30,6 @@ def _decode(batch, num_splits, sinks=None, balanced=True, **attn):
                           **batch["tables"], max_query_len=mq, num_splits=num_splits, sinks=sinks, out=out,
                           lse_out=lse, impl="mma", balanced=balanced, **batch["scales"], **attn)
     return out, lse
-
-
-def _counters_zero():
-    torch.cuda.synchronize()
-    return all(int(buf.abs().sum()) == 0 for bufs in decode._SEMAPHORES.values() for buf in bufs)
 
 
 @pytest.mark.gpu
@@ -53,7 +48,7 @@ def test_in_kernel_combine_vs_reference(name, num_splits, balanced):
     dt = batch["q"].dtype
     assert_close(out.float().cpu(), o_ref, dt, f"{name} out")
     assert_lse_close(lse.cpu(), lse_ref, dt, f"{name} lse")
-    assert _counters_zero(), "the kernel must leave its counters at zero"
+    assert counters_zero(), "the kernel must leave its counters at zero"
 
 
 @pytest.mark.gpu
@@ -67,7 +62,7 @@ def test_balanced_long_contexts_many_splits_repeated():
         out, lse = _decode(batch, s)
         assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"splits={s}")
         assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16)
-        assert _counters_zero()
+        assert counters_zero()
 
 
 @pytest.mark.gpu
@@ -108,7 +103,7 @@ def test_cuda_graph_replays_of_the_balanced_decode(kv):
         new["q"] = batch["q"]
         o_ref, lse_ref = reference(new)
         assert_close(out.float().cpu(), o_ref, torch.bfloat16, f"replay {i}")
-        assert _counters_zero()
+        assert counters_zero()
 
 
 @pytest.mark.gpu

@@ -300,21 +300,40 @@ def test_min_split_tokens_idles_the_splits_a_request_is_not_worth(kv):
     assert used == [8, 2, 2, 1, 1, 4, 4, 4]
 
 
+def counters_zero() -> bool:
+    """Every split-KV counter buffer is back at zero (the kernels reset what they used)."""
+    torch.cuda.synchronize()
+    return all(int(buf.abs().sum()) == 0 for bufs in decode._SEMAPHORES.values() for buf in bufs)
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("impl")
-@pytest.mark.parametrize("num_splits", [6, 24])  # the last CTA combines / the combine kernel follows
+@pytest.mark.parametrize("num_splits", [6, 24, 40])  # last CTA: up to 16 (32 balanced); then the combine kernel
 @pytest.mark.parametrize("balanced", [False, True])
-def test_min_split_tokens_full_decode(num_splits, balanced):
-    """A grid sized for long contexts over short requests (a CUDA graph's): every request's answer
-    and lse, sinks applied once, whichever CTA finishes it (out and lse start as NaN)."""
-    seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
-    batch = make_batch(seqs, 32, 8, 128, 16, seed=13)
-    sinks = torch.randn(32, generator=torch.Generator().manual_seed(3)).cuda()
-    for _ in range(2):  # a second launch reuses the counters the first left
-        out, lse = run_decode(batch, num_splits, sinks=sinks, min_split_tokens=256, balanced=balanced)
-    o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
-    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
-    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16)
+@pytest.mark.parametrize("name", ["ragged_long", "all_features", "spec8_gqa8_row_blocks", "fp8_per_page_transitions"])
+def test_min_split_tokens_full_decode(name, num_splits, balanced):
+    """A grid sized for longer contexts than its requests' (a CUDA graph's): every request's answer
+    and lse, sinks applied once, whichever CTA finishes it. out, lse and the workspace start as
+    NaN and the counters are back at zero after each of two launches (a counter left over would
+    let the second launch combine early)."""
+    if name == "ragged_long":
+        batch = make_batch([(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)], 32, 8, 128, 16, seed=13)
+        sinks = torch.randn(32, generator=torch.Generator().manual_seed(3)).cuda()
+        attn, m = {}, 256
+        o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
+    else:  # windows, sink tokens, soft-cap, row blocks, FP8 pages: short contexts, so a small bound
+        batch, sinks, attn, o_ref, lse_ref = _run_case(name, num_splits)
+        m = 16
+    total_q, hq, d = batch["q"].shape
+    ws = torch.empty(decode.workspace_elems(num_splits, total_q, hq, d), dtype=torch.float32, device="cuda")
+    for _ in range(2):
+        ws.fill_(float("nan"))
+        out, lse = run_decode(batch, num_splits, sinks=sinks, min_split_tokens=m, balanced=balanced, workspace=ws,
+                              **attn)
+        assert counters_zero(), "the kernel must leave its counters at zero"
+        dt = batch["q"].dtype
+        assert_close(out.float().cpu(), o_ref, dt, f"{name} out")
+        assert_lse_close(lse.cpu(), lse_ref, dt, f"{name} lse")
 
 
 @pytest.mark.gpu

@@ -221,7 +221,7 @@ def unified_attn_kernel(
     if SPLIT:
         split = tl.program_id(2)
         ns = tl.num_programs(2)
-        if min_split_keys > 0:  # none shorter than min_split_keys keys: splits ns.. stay empty
+        if min_split_keys > 0:  # ns = clamp(sk // m, 1, S) ranges over [0, sk); splits ns.. stay empty
             ns = tl.minimum(tl.maximum(sk // min_split_keys, 1), ns)
         per = tl.cdiv(sk, ns)
         s_lo = tl.minimum(split * per, sk)

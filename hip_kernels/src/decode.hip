@@ -219,8 +219,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   // Only [lo, sk) is split; split 0 also takes the sinks.
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  // Splits of this request: none shorter than min_split_keys keys (decode_mma.hip); splits
-  // ns.. get empty ranges (an early return here costs the FP8 variants spills).
+  // Splits of this request: ranges over ns = clamp(main_len / min_split_keys, 1, num_splits)
+  // (decode_mma.hip); splits ns.. get empty ranges (an early return here costs the FP8 variants
+  // spills).
   const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
   const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
   const int per = (main_len + ns - 1) / ns;

@@ -276,12 +276,12 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  // Splits of this request (DESIGN.md's ranges over ns, not num_splits): none shorter than
-  // min_split_keys keys. num_splits is the grid's bound, sized for the longest context a launch
-  // may see (a CUDA graph keeps it); a shorter request leaves splits ns.. idle. An idle split
-  // returns at once: with the combine kernel to follow (no `out`) it writes an empty split's
-  // partials (o = 0, lse = -inf); with `out` the request's first CTA writes the answer (ns == 1)
-  // or its last active CTA combines ns partials.
+  // Splits of this request: ns = clamp(main_len / min_split_keys, 1, num_splits), DESIGN.md's
+  // ranges of ceil(main_len / ns) keys over ns (the last may be short). num_splits is the grid's
+  // bound, sized for the longest context a launch may see (a CUDA graph keeps it); a shorter
+  // request leaves splits ns.. idle. An idle split returns at once: with the combine kernel to
+  // follow (no `out`) it writes an empty split's partials (o = 0, lse = -inf); with `out` the
+  // request's first CTA writes the answer (ns == 1) or its last active CTA combines ns partials.
   const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
   if (s >= ns) {
     if (out == nullptr) {
