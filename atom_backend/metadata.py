@@ -16,12 +16,14 @@ after running ``build`` eagerly; prefills and mixed batches run eagerly (piecewi
 captured launches read vLLM's persistent buffers (query_start_loc, seq_lens, block table: the
 decode route holds views of them, checked at capture), so a replay sees the new batch; padded
 requests have no query tokens and return at once. ``build_for_cudagraph_capture`` sizes the
-split count for ``max_seq_len`` (vLLM passes max_model_len there; the dummy lengths are the query's),
-since the count is baked into the graph, and gives the route a workspace and kernel counters
-the builder owns, made outside any capture (a graph outlives the metadata it was captured with,
-and a buffer made inside a capture would come from the pool vLLM's graphs share). Eager layers stay cheap too: the decode
-route's ``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by
-the others (docs/perf/decode.md "session 21").
+split count for ``max_seq_len`` (vLLM passes max_model_len there; the dummy lengths are the
+query's), since the count is baked into the graph as the grid's bound (each request then uses
+the splits its own length is worth, ``planner.request_split_tokens``), and gives the route a
+workspace and kernel counters the builder owns, made outside any capture (a graph outlives the
+metadata it was captured with, and a buffer made inside a capture would come from the pool
+vLLM's graphs share). Eager layers stay cheap too: the decode route's
+``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by the others
+(docs/perf/decode.md "session 21").
 """
 
 from __future__ import annotations
