@@ -8,7 +8,9 @@ variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DR
 the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
 pages). `variants`, `layout`: split counts, cache layouts. `capture_splits`: the split count a
 vLLM decode graph keeps (sized for a long max_model_len) against the eager planner's, on short
-contexts. Host cost per call: `bench.host`.
+contexts. `split_bounds`: the per-request split bound m swept in a graph's grid, and the eager
+planner's splits against the bound's at small batches. `fused_combine`: balanced splits combined
+by their last CTA against the combine kernel. Host cost per call: `bench.host`.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def kernel_times(fn, reps=20):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline", "capture_splits"))
+    ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline", "capture_splits",
+                                     "split_bounds", "fused_combine"))
     ap.add_argument("--tunes", default="", help='tunes / timeline: JSON list of defines (tunes: default [{"NUM_WARPS": 2}])')
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
@@ -82,6 +85,10 @@ def main(argv=None):
         return variants()
     if args.mode == "capture_splits":
         return capture_splits()
+    if args.mode == "split_bounds":
+        return split_bounds()
+    if args.mode == "fused_combine":
+        return fused_combine()
     if args.mode == "layout":
         return layout()
     if args.mode == "timeline":
@@ -210,15 +217,8 @@ def capture_splits():
     planner.request_split_tokens: a request uses clamp(keys // m, 1, S) of them). Last rows: a
     ragged batch, one long request beside short ones, eager."""
     from atom_backend.planner import request_split_tokens
-    from hip_kernels import decode
 
     times = {}
-
-    def timed(c, s, mm):
-        out = torch.empty_like(c["q"])
-        plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, min_split_tokens=mm)
-        return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
-
     for b in (1, 4, 16, 64):
         m = request_split_tokens(b, PlannerConfig())
         for ctx in (64, 128, 256, 512, 1024, 2048, 8192):
@@ -229,7 +229,7 @@ def capture_splits():
                              ("graph 128k", planned_splits(b, 131072))):
                 for mm in ((0,) if label == "eager" else (0, m)):
                     if (s, mm) not in times:
-                        times[s, mm] = timed(c, s, mm)
+                        times[s, mm] = plan_us(c, s, mm)
                     cols.append(f"{label} S{s} m{mm} {times[s, mm]:6.1f} us")
             print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
             del c
@@ -239,10 +239,85 @@ def capture_splits():
         c["sl"] = torch.tensor([long_ctx] + [short] * (b - 1), dtype=torch.int32, device="cuda")
         s = planned_splits(b, long_ctx)
         m = request_split_tokens(b, PlannerConfig())
-        print(f"ragged 1 x {long_ctx} + {b - 1} x {short}, eager S{s}: m0 {timed(c, s, 0):6.1f} us | "
-              f"m{m} {timed(c, s, m):6.1f} us", flush=True)
+        print(f"ragged 1 x {long_ctx} + {b - 1} x {short}, eager S{s}: m0 {plan_us(c, s, 0):6.1f} us | "
+              f"m{m} {plan_us(c, s, m):6.1f} us", flush=True)
         del c
         torch.cuda.empty_cache()
+
+
+def plan_us(c, s, m) -> float:
+    """One bf16 decode (SplitKVPlan.run: S splits, per-request bound m), graph replay, us."""
+    from hip_kernels import decode
+
+    out = torch.empty_like(c["q"])
+    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, min_split_tokens=m)
+    return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
+
+
+def split_bounds():
+    """Which per-request bound m (planner.request_split_tokens) at 1 / 4 / 16 requests: a graph's
+    grid for 128k with m swept, beside the eager planner's splits. Then the eager planner at 1-8
+    requests against the same rule with the bound as its key count per split (`new`)."""
+    from atom_backend.planner import request_split_tokens
+
+    for b in (1, 4, 16):
+        for ctx in (64, 128, 256, 512, 1024, 2048):
+            c = build(b, ctx, "bf16")
+            se, sg = planned_splits(b, ctx), planned_splits(b, 131072)
+            cols = [f"eager S{se} {plan_us(c, se, 0):5.1f}"] + [
+                f"S{sg} m{m} {plan_us(c, sg, m):5.1f}" for m in (0, 16, 32, 64, 128, 256)]
+            print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
+            del c
+            torch.cuda.empty_cache()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D)
+    platform = platform_for("sm_90a", num_sms=sms, use_tables=False)
+    for b in (1, 2, 4, 8):
+        m = request_split_tokens(b, PlannerConfig())
+        for ctx in (128, 256, 512, 1024, 2048, 4096, 8192):
+            c = build(b, ctx, "bf16")
+            old = decode_splits(b, ctx, facts, platform, PlannerConfig())
+            new = decode_splits(b, ctx, facts, platform, PlannerConfig(min_split_tokens=m))
+            cols = []
+            for s in sorted({old, new, 2 * new, max(1, new // 2)}):
+                tag = ("old" if s == old else "") + ("new" if s == new else "")
+                cols.append(f"S{s}{'(' + tag + ')' if tag else ''} {plan_us(c, s, m):5.1f}")
+            print(f"eager {b:3d} x {ctx:5d} m{m}: " + " | ".join(cols), flush=True)
+            del c
+            torch.cuda.empty_cache()
+
+
+def fused_combine():
+    """Balanced splits: the group's last CTA combines (SplitKVPlan.run) against the split kernel's
+    partials then the combine kernel, alternated three times in one process, pages shuffled and
+    in order, beside SDPA cuDNN. Up to FUSE_MAX_BALANCED_SPLITS splits: past it `run` takes the
+    combine kernel too."""
+    from hip_kernels import combine, decode
+
+    for b, ctx, s in ((1, 131072, None), (1, 65536, None), (2, 65536, None)):
+        s = s or planned_splits(b, ctx)
+        t_cudnn = bench_ms(sdpa_fns(b, ctx)["sdpa_cudnn"]) * 1e3
+        for placement in ("shuffled", "in_order"):
+            c = build(b, ctx, "bf16", placement=placement)
+            out = torch.empty_like(c["q"])
+            fused_plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, balanced=True)
+            split_plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, balanced=True)
+
+            def fused():
+                fused_plan.run(c["q"], c["k"], c["v"], out=out)
+
+            def unfused():
+                o, lse = split_plan.partials(c["q"], c["k"], c["v"])
+                combine.combine(o, lse, out)
+
+            res = {"last CTA": [], "combine kernel": []}
+            for _ in range(3):
+                res["last CTA"].append(bench_ms(fused) * 1e3)
+                res["combine kernel"].append(bench_ms(unfused) * 1e3)
+            print(f"{b}x{ctx} S{s} {placement:8s} cudnn {t_cudnn:6.1f} | " + " | ".join(
+                f"{k} " + " ".join(f"{x:6.1f}" for x in v) for k, v in res.items()), flush=True)
+            del c
+            torch.cuda.empty_cache()
 
 
 def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):
