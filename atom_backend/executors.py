@@ -23,6 +23,7 @@ import torch
 
 from atom_backend import gather as _gather
 from atom_backend import reference as _ref
+from atom_backend.planner import SplitRule
 
 NEG_INF = float("-inf")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -95,7 +96,8 @@ def _read_pages(cache: torch.Tensor, block_row: torch.Tensor, lo: int, hi: int, 
     return x
 
 
-def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int = 1, min_split_tokens: int = 0) -> None:
+def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int = 1,
+               split_rule: SplitRule = SplitRule()) -> None:
     qs = q[route.rows] if isinstance(route.rows, slice) else q.index_select(0, route.rows)
     res = torch.empty(qs.shape, dtype=out.dtype)
     cu = route.cu_seqlens_q.tolist()
@@ -108,15 +110,15 @@ def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int 
         if num_splits <= 1:
             o, lse = attend(qs[q0:q1], k, v, sk - lo, p)
         else:
-            o, lse = _split_combine(qs[q0:q1], k, v, sk - lo, p, num_splits, min_split_tokens)
+            o, lse = _split_combine(qs[q0:q1], k, v, sk - lo, p, num_splits, split_rule)
         res[q0:q1] = _apply_sinks(o, lse, p.sinks).to(out.dtype)
     _store(out, route.rows, res)
 
 
-def _split_combine(q, k, v, sk, p, num_splits, min_split_tokens):
+def _split_combine(q, k, v, sk, p, num_splits, split_rule: SplitRule):
     """Split-KV on the CPU: fp32 partials over the kernels' contiguous key ranges, then the
     combine of DESIGN.md (empty splits weigh 0)."""
-    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, min_split_tokens)]
+    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, **split_rule.kwargs)]
     o_s = torch.stack([o for o, _ in parts])
     lse_s = torch.stack([l for _, l in parts])
     lse = torch.logsumexp(lse_s, dim=0)
@@ -170,13 +172,13 @@ def _gpu_unified(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
 
 
 def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, workspace=None,
-                       min_split_tokens: int = 0) -> None:
+                       split_rule: SplitRule = SplitRule()) -> None:
     from atom_backend.unified import paged_decode
 
     qs, os_, rows = _rows_in(q, out, route.rows)
     paged_decode(qs, k_cache, v_cache, route.cu_seqlens_q, route.seq_lens, route.block_table,
                  max_seqlen_q=route.max_seqlen_q, num_splits=max(1, min(num_splits, 256)),
-                 min_split_tokens=min_split_tokens, workspace=workspace, scale=p.scale,
+                 workspace=workspace, scale=p.scale, **split_rule.kwargs,
                  window=p.window, sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_,
                  max_seqlen_k=route.max_seqlen_k)
     if rows is not None:
@@ -184,16 +186,15 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
 
 
 def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int, balanced=None,
-                    workspace=None, counters=None, min_split_tokens: int = 0) -> None:
-    key = ("splitkv", num_splits, balanced, min_split_tokens)
+                    workspace=None, counters=None, split_rule: SplitRule = SplitRule()) -> None:
+    key = ("splitkv", num_splits, balanced, split_rule)
     plan = route.cache.get(key)
     if plan is None:  # planned by the batch's first layer, launched by every layer
         from hip_kernels.decode import SplitKVPlan
 
         plan = route.cache[key] = SplitKVPlan(
             route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
-            num_splits=num_splits, min_split_tokens=min_split_tokens, balanced=balanced, workspace=workspace,
-            counters=counters)
+            num_splits=num_splits, balanced=balanced, workspace=workspace, counters=counters, **split_rule.kwargs)
     qs, os_, rows = _rows_in(q, out, route.rows)
     plan.run(qs, k_cache, v_cache, out=os_, scale=p.scale, window=p.window, sinks=p.sinks, softcap=p.softcap,
              k_scale=p.k_scale, v_scale=p.v_scale)
@@ -233,7 +234,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
     """Every route of the batch, each written into its own rows of ``out``."""
     if md.on_cpu:
         if md.decode is not None:
-            _cpu_paged(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.min_split_tokens)
+            _cpu_paged(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.split_rule)
         if md.varlen is not None:
             _cpu_varlen(md.varlen, q, out, k_cache, v_cache, p)
         if md.unified is not None:
@@ -247,14 +248,14 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
             if md.decode_kernel == "hip" and _md._KERNEL_STATE.get("splitkv") is None:
                 try:
                     _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced,
-                                    md.workspace, md.counters, md.min_split_tokens)
+                                    md.workspace, md.counters, md.split_rule)
                 except RuntimeError as e:  # KernelError and launch failures
                     _md.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
                     _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace,
-                                       md.min_split_tokens)
+                                       md.split_rule)
             else:
                 _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace,
-                                   md.min_split_tokens)
+                                   md.split_rule)
     if md.varlen is not None:
         with metrics.kernel_timer("varlen"):
             if _md._KERNEL_STATE.get("varlen") is None:

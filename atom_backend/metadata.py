@@ -18,7 +18,7 @@ decode route holds views of them, checked at capture), so a replay sees the new 
 requests have no query tokens and return at once. ``build_for_cudagraph_capture`` sizes the
 split count for ``max_seq_len`` (vLLM passes max_model_len there; the dummy lengths are the
 query's), since the count is baked into the graph as the grid's bound (each request then uses
-the splits its own length is worth, ``planner.request_split_tokens``), and gives the route a
+the splits its own length is worth, ``planner.SplitRule``), and gives the route a
 workspace and kernel counters the builder owns, made outside any capture (a graph outlives the
 metadata it was captured with, and a buffer made inside a capture would come from the pool
 vLLM's graphs share). Eager layers stay cheap too: the decode route's
@@ -128,10 +128,10 @@ class AtomMetadata:
     on_cpu: bool
     decode_kernel: str  # "hip" | "triton" | "torch": who runs the decode route
     decode_balanced: bool | None = None  # hip decode: None = the kernel's default, False = fixed ranges
-    # Fewest keys per split, applied per request on the device (planner.request_split_tokens):
-    # num_splits is the grid's bound (a captured graph's is sized for max_model_len), a short
-    # request uses fewer splits.
-    min_split_tokens: int = 0
+    # How many of the grid's num_splits each request uses, decided on the device
+    # (planner.SplitRule): num_splits is the bound (a captured graph's is sized for
+    # max_model_len), a short request uses fewer splits.
+    split_rule: _planner.SplitRule = _planner.SplitRule()
     workspace: torch.Tensor | None = None  # decode partials of a captured graph (the builder's)
     counters: torch.Tensor | None = None  # split-KV kernel counters of a captured graph (the builder's)
 
@@ -360,7 +360,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
             decode_balanced=False if self.config.deterministic_decode else None,
-            min_split_tokens=_planner.request_split_tokens(len(p.decode), self.config),
+            split_rule=_planner.decode_split_rule(len(p.decode), self.facts, self.platform, self.config),
         )
         self._count(p, new, cached)
         return md

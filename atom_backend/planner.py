@@ -126,10 +126,15 @@ class Platform:
     splitkv_caps: _rules.PathCaps | None = None
     cost: object | None = None
     # Split-KV CTAs resident per SM (H100, tensor-core decode kernel at head_dim 128: register
-    # and shared-memory bound, hip_kernels.decode.MMA_CTAS_PER_SM); sizes the decode waves.
-    # 16-bit KV: 4-warp CTAs, 2 per SM; FP8 KV: 2-warp CTAs, 4 per SM.
+    # and shared-memory bound, hip_kernels.decode.MMA_CTAS_PER_SM): the most CTAs one launch
+    # runs at once. 16-bit KV: 4-warp CTAs, 2 per SM; FP8 KV: 2-warp CTAs, 4 per SM.
     decode_ctas_per_sm: int = 2
     decode_ctas_per_sm_fp8: int = 4
+    # CTAs per SM the splits of a short batch aim for (H100, docs/perf/decode.md session 24): one
+    # 16-bit CTA per SM already streams at the GPU's bandwidth and splits cost a combine, so
+    # 16-bit KV fills one per SM; an FP8 CTA alone does not, FP8 fills all it holds.
+    decode_fill_per_sm: int = 1
+    decode_fill_per_sm_fp8: int = 4
 
 
 def reduce_layer_windows(windows) -> tuple:
@@ -177,9 +182,12 @@ class PlannerConfig:
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
     max_splits: int = 64  # ATOM_MAX_SPLITS: cap (one FP8 request of 128k fills its 4 CTAs per SM at 64)
-    # ATOM_MIN_SPLIT_TOKENS: fewest keys worth a split when sizing a batch's splits, and the cap of
-    # the per-request bound on the device (request_split_tokens)
+    # ATOM_MIN_SPLIT_TOKENS: the most keys per split the split rule may ask for
+    # (request_split_tokens grows with the batch up to it)
     min_split_tokens: int = 256
+    # ATOM_LONG_SPLIT_TOKENS: a request whose fill-target splits would hold more keys than this
+    # takes more splits (whole waves of CTAs), one per this many keys at most
+    long_split_tokens: int = 1024
     wave_fill: int = 95  # ATOM_DECODE_WAVE_FILL: % the last wave of decode CTAs must be filled
     cost_routing: bool = True  # ATOM_COST_ROUTING=0: thresholds even where a cost table exists
     # ATOM_DETERMINISTIC_DECODE=1: split-KV decode on fixed key ranges (bitwise repeatable runs);
@@ -191,8 +199,8 @@ class PlannerConfig:
             raise PlanError(f"ATOM_FORCE_PATH={self.force_path!r}: use varlen, unified or leave unset")
         if not 1 <= self.decode_max_query_tokens <= 8:
             raise PlanError("ATOM_DECODE_MAX_QUERY_TOKENS must be in 1..8")
-        if self.max_splits < 1 or self.min_split_tokens < 1:
-            raise PlanError("ATOM_MAX_SPLITS and ATOM_MIN_SPLIT_TOKENS must be >= 1")
+        if self.max_splits < 1 or self.min_split_tokens < 1 or self.long_split_tokens < 1:
+            raise PlanError("ATOM_MAX_SPLITS, ATOM_MIN_SPLIT_TOKENS and ATOM_LONG_SPLIT_TOKENS must be >= 1")
         if not 1 <= self.wave_fill <= 100:
             raise PlanError("ATOM_DECODE_WAVE_FILL must be in 1..100 (percent)")
 
@@ -210,6 +218,7 @@ class PlannerConfig:
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
             max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
+            long_split_tokens=_env_int(env, "ATOM_LONG_SPLIT_TOKENS", 1024),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
             cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
             deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
@@ -301,18 +310,72 @@ def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None
     return _path_reason(platform.splitkv_caps, facts)
 
 
+@dataclass(frozen=True)
+class SplitRule:
+    """How many of a launch's S splits a decode request of L visible keys uses, decided per
+    request on the device (every split kernel and the reference apply ``request_splits``):
+
+        ns = clamp(min(L // min_tokens, max(fill, L // long_tokens)), 1, S)
+
+    ``fill``: the splits that give the batch the CTAs per SM it aims for; a longer request grows
+    to one split per ``long_tokens`` keys, up to S (decode_splits sizes S for the batch's longest
+    request; a CUDA graph's for max_model_len). Zero turns a bound off: ``SplitRule()`` uses all
+    S splits."""
+
+    min_tokens: int = 0
+    fill: int = 0
+    long_tokens: int = 0
+
+    @property
+    def kwargs(self) -> dict:
+        """The split kernels' keyword arguments (hip_kernels.decode, unified.paged_decode)."""
+        return dict(min_split_tokens=self.min_tokens, fill_splits=self.fill, long_split_tokens=self.long_tokens)
+
+
+def request_splits(keys: int, num_splits: int, min_tokens: int = 0, fill: int = 0, long_tokens: int = 0) -> int:
+    """SplitRule's per-request split count (the one definition; the kernels mirror it)."""
+    n = num_splits
+    if min_tokens > 0:
+        n = min(n, keys // min_tokens)
+    if fill > 0:
+        n = min(n, max(fill, keys // long_tokens if long_tokens > 0 else 0))
+    return max(1, n)
+
+
+def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
+    """Fewest keys per split. Few requests leave the GPU idle, so short splits still cut their
+    latency; more requests fill it and want longer ones. H100, 8 kv heads (docs/perf/decode.md,
+    sessions 23-24): the best bound was 64 keys at 1-2 requests, 128 at 4-8, 256 from 16:
+    64 * isqrt(n), at most min_split_tokens."""
+    return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
+
+
+def decode_split_rule(num_decodes: int, facts: ModelFacts, platform: Platform, config: PlannerConfig) -> SplitRule:
+    """The batch's SplitRule. Its fill target puts the platform's fill CTAs on every SM
+    (``decode_fill_per_sm``: one 16-bit CTA, four FP8 ones on H100), short of the last slot: a
+    grid that needs every slot at once waits for the slowest to free (H100, FP8 2 x 4k keys: 33
+    splits, 528 CTAs on 528 slots, 23.7 us; 32 splits 21.2 us)."""
+    ctas = max(1, num_decodes * facts.num_kv_heads)
+    per_sm = platform.decode_fill_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_fill_per_sm
+    return SplitRule(min_tokens=request_split_tokens(num_decodes, config),
+                     fill=max(1, (platform.num_sms * per_sm - 1) // ctas), long_tokens=config.long_split_tokens)
+
+
+def fills_last_wave(ctas: int, slots: int, fill: int) -> bool:
+    """`ctas` CTAs fill their last wave of `slots` to at least fill %."""
+    waves = -(-ctas // slots)
+    return 100 * ctas >= fill * waves * slots
+
+
 def whole_wave_splits(ctas_per_split: int, slots: int, cap: int, fill: int = 95) -> int:
-    """Fewest splits s <= cap whose ctas_per_split * s CTAs fill their last wave of `slots` to
-    at least fill %: a partly filled wave costs about a full one (H100, docs/perf/decode.md:
-    64 x 4k at 1.3 waves ran 29% slower than at 2.9). None qualifies: cap. Closed form per wave
-    count k: the smallest s reaching k waves at fill % is ceil(fill * k * slots / (100 * ctas))."""
-    if ctas_per_split <= 0 or cap <= 1:
-        return 1
+    """Fewest splits s <= cap whose ctas_per_split * s CTAs fill their last wave of `slots` to at
+    least fill % (a partly filled wave costs about a full one); 0 when none does. Closed form per
+    wave count k: the smallest s reaching k waves at fill % is ceil(fill * k * slots / (100 * ctas))."""
     k = -(-ctas_per_split // slots)  # waves of a single split
     while True:
         s = max(1, -(-fill * k * slots // (100 * ctas_per_split)))
         if s > cap:
-            return cap
+            return 0
         if ctas_per_split * s <= k * slots:
             return s
         k += 1
@@ -321,27 +384,31 @@ def whole_wave_splits(ctas_per_split: int, slots: int, cap: int, fill: int = 95)
 def decode_splits(
     num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
 ) -> int:
-    """Splits per decode request: the fewest that fill the last wave of split-KV CTAs (whole
-    waves of num_sms x the CTAs per SM of the KV dtype's kernel), none shorter than
-    `min_split_tokens` visible keys, at most `max_splits`. One count for the whole batch keeps
-    the grid and the workspace shape fixed (CUDA graphs)."""
+    """The launch's splits S, sized for the batch's longest request (L visible keys), at most
+    `max_splits` and L // request_split_tokens:
+    - the fill target (decode_split_rule) when its splits hold at most `long_split_tokens` keys
+      and its CTAs run in one wave, or when its CTAs fill their last wave anyway;
+    - else the fewest splits, at most one per `long_split_tokens` keys, whose CTAs fill their
+      last wave of resident CTAs (`decode_ctas_per_sm` per SM) to `wave_fill` %;
+    - none does: the fill target.
+    H100 (docs/perf/decode.md, session 24): within 0.3% of the best measured split count on
+    average over 1-96 requests x 300-128k keys, bf16 and FP8, 7% at worst. One count for the
+    whole batch keeps the grid and the workspace shape fixed (CUDA graphs); shorter requests
+    use fewer of them on the device (SplitRule)."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # keys outside the window are skipped, not split
         max_context = min(max_context, facts.window + facts.sink_tokens)
-    cap = max(1, min(config.max_splits, max_context // config.min_split_tokens))
+    rule = decode_split_rule(num_decodes, facts, platform, config)
     per_sm = platform.decode_ctas_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_ctas_per_sm
-    return whole_wave_splits(num_decodes * facts.num_kv_heads, platform.num_sms * per_sm, cap, config.wave_fill)
-
-
-def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
-    """Fewest keys per split of one request, applied by the split kernels per request: a request
-    of L visible keys uses clamp(L // m, 1, S) of the launch's S splits. It matters where S was
-    sized for longer contexts than the request's: a CUDA graph's S (for max_model_len) and the
-    short requests of a ragged batch. Few requests leave the GPU idle, so small splits still cut
-    latency; more requests fill it and want min_split_tokens. H100, 8 kv heads (docs/perf/decode.md,
-    session 23): the best bound was 64 keys at 1 request, 128 at 4, 256 at 16: 64 * isqrt(n)."""
-    return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
+    ctas, slots = num_decodes * facts.num_kv_heads, platform.num_sms * per_sm
+    cap = max(1, min(config.max_splits, max_context // rule.min_tokens))
+    fill = min(rule.fill, cap)
+    if (max_context <= fill * rule.long_tokens and ctas * fill <= slots) or fills_last_wave(ctas * fill, slots,
+                                                                                             config.wave_fill):
+        return fill
+    grown = whole_wave_splits(ctas, slots, min(cap, max(fill, max_context // rule.long_tokens)), config.wave_fill)
+    return grown or fill
 
 
 def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],

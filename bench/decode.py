@@ -19,25 +19,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 
 from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits, request_split_tokens, whole_wave_splits
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_split_rule, decode_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16
 SHAPES = ((64, 4096), (8, 32768), (1, 131072))
 
 
-def bench_ms(fn) -> float:
+def bench_ms(fn, rep_ms: float = 200) -> float:
     """Median time of one call of fn, as a CUDA-graph replay."""
     from triton.testing import do_bench
 
     from bench.common import graphed
 
-    return float(do_bench(graphed(fn), warmup=25, rep=200, return_mode="median"))
+    return float(do_bench(graphed(fn), warmup=25, rep=rep_ms, return_mode="median"))
 
 
 def copy_bandwidth() -> float:
@@ -68,7 +67,26 @@ def build(batch: int, ctx: int, kv: str, seed: int = 0, placement: str = "shuffl
     elif kv == "fp8_page":
         scales = dict(k_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5,
                       v_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5)
-    return dict(q=q, k=k, v=v, bt=bt, cu=cu, sl=sl, scales=scales)
+    return dict(q=q, k=k, v=v, bt=bt, cu=cu, sl=sl, scales=scales, kv=kv)
+
+
+def facts_for(kv: str) -> ModelFacts:
+    """The benchmark model with `build`'s KV kind (bf16, fp8_tensor, fp8_page)."""
+    fp8 = kv != "bf16"
+    return ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS,
+                      kv_dtype="fp8_e4m3" if fp8 else "bf16",
+                      kv_scale_mode={"bf16": "none", "fp8_tensor": "per_tensor", "fp8_page": "per_page"}[kv])
+
+
+def platform_here():
+    return platform_for("sm_90a", num_sms=torch.cuda.get_device_properties(0).multi_processor_count, use_tables=False)
+
+
+def wave_splits(batch: int, ctx: int, ctas_per_sm: int) -> int:
+    """Most splits (<= 64, >= 256 keys each) whose CTAs all run at once at `ctas_per_sm`: the
+    split count a kernel variant of other CTAs per SM than the planner's is timed at."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return max(1, min(64, ctx // 256, sms * ctas_per_sm // (batch * HK)))
 
 
 def kv_bytes(batch: int, ctx: int, elem: int) -> int:
@@ -76,19 +94,19 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
 
 
 def run_ours(c, splits, tune=None, with_combine=True, impl=None):
-    """One decode step as the backend launches it (the planner's per-request split bound included)."""
+    """One decode step as the backend launches it (the planner's split rule included)."""
     ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
     out = torch.empty_like(c["q"])
-    m = request_split_tokens(c["q"].shape[0], PlannerConfig())
+    rule = decode_split_rule(c["q"].shape[0], facts_for(c["kv"]), platform_here(), PlannerConfig()).kwargs
 
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, min_split_tokens=m, out=out, workspace=ws, impl=impl,
+                                  num_splits=splits, out=out, workspace=ws, impl=impl, **rule,
                                   **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, min_split_tokens=m, workspace=ws, _tune=tune, impl=impl,
+                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **rule,
                                     **c["scales"])
 
     return fn
@@ -201,9 +219,8 @@ def main(argv=None) -> None:
     arch = "sm_%d%d" % (props.major, props.minor) + ("a" if props.major == 9 else "")
     default_impl = decode.choose_impl(arch, D, 0)
 
-    def sug(b, ctx, impl, elem):  # the planner's whole-wave rule, in the given kernel's CTAs per SM
-        per_sm = decode.MMA_CTAS_PER_SM[elem] if impl == "mma" else decode._CTAS_PER_SM[4]
-        return whole_wave_splits(b * HK, sms * per_sm, max(1, min(cfg.max_splits, ctx // 256)))
+    def sug(b, ctx, impl, elem):
+        return wave_splits(b, ctx, decode.MMA_CTAS_PER_SM[elem] if impl == "mma" else decode._CTAS_PER_SM[4])
 
     for shape in shapes:
         b, ctx = shape
@@ -218,10 +235,7 @@ def main(argv=None) -> None:
             nbytes = kv_bytes(b, ctx, elem)
             if kv == "fp8_page":
                 nbytes += 2 * b * -(-ctx // BS) * HK * 4
-            facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=BS,
-                               kv_dtype="bf16" if elem == 2 else "fp8_e4m3",
-                               kv_scale_mode={"bf16": "none", "fp8_tensor": "per_tensor", "fp8_page": "per_page"}[kv])
-            planned = decode_splits(b, ctx, facts, platform, cfg)
+            planned = decode_splits(b, ctx, facts_for(kv), platform, cfg)
             ours[kv] = record("ours", shape, kv, planned, bench_ms(run_ours(c, planned)), nbytes, "planned")
             if args.compare:
                 other = "fma" if default_impl == "mma" else "mma"

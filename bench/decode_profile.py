@@ -8,8 +8,8 @@ variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DR
 the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
 pages). `variants`, `layout`: split counts, cache layouts. `capture_splits`: the split count a
 vLLM decode graph keeps (sized for a long max_model_len) against the eager planner's, on short
-contexts. `split_bounds`: the per-request split bound m swept in a graph's grid, and the eager
-planner's splits against the bound's at small batches. `fused_combine`: balanced splits combined
+contexts. `split_grid`: every power-of-two split
+count over batch sizes x context lengths (JSON rows for the split rule). `fused_combine`: balanced splits combined
 by their last CTA against the combine kernel. Host cost per call: `bench.host`.
 """
 
@@ -22,8 +22,7 @@ import os
 import torch
 
 from bench.decode import HK, HQ, D, SHAPES, bench_ms, build, kv_bytes, run_ours, sdpa_fns, copy_bandwidth
-from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
+from atom_backend.planner import PlannerConfig, decode_split_rule, decode_splits
 
 
 # Short case names of the diagnostics -> bench.decode.build's KV kinds.
@@ -37,10 +36,9 @@ def kernel_defines(tune) -> dict:
 
 
 def planned_splits(b, ctx, case="bf16"):
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kv, mode = {"bf16": ("bf16", "none"), "fp8t": ("fp8_e4m3", "per_tensor"), "fp8p": ("fp8_e4m3", "per_page")}[case]
-    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=16, kv_dtype=kv, kv_scale_mode=mode)
-    return decode_splits(b, ctx, facts, platform_for("sm_90a", num_sms=sms, use_tables=False), PlannerConfig())
+    from bench.decode import facts_for, platform_here
+
+    return decode_splits(b, ctx, facts_for(KV_KINDS[case]), platform_here(), PlannerConfig())
 
 
 def case_fn(case, b, ctx, splits=None, sequential=False):
@@ -71,7 +69,7 @@ def kernel_times(fn, reps=20):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("kernels", "one", "variants", "layout", "tunes", "timeline", "capture_splits",
-                                     "split_bounds", "fused_combine"))
+                                     "fused_combine", "split_grid"))
     ap.add_argument("--tunes", default="", help='tunes / timeline: JSON list of defines (tunes: default [{"NUM_WARPS": 2}])')
     ap.add_argument("--kv", default="bf16,fp8t", help="tunes: bf16,fp8t,fp8p")
     ap.add_argument("--shapes", default="", help="tunes: subset, e.g. 64x4096,1x131072")
@@ -80,15 +78,16 @@ def main(argv=None):
     ap.add_argument("--shape", default="64x4096")
     ap.add_argument("--splits", type=int, default=0)
     ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--json", default="", help="split_grid: where the rows go")
     args = ap.parse_args(argv)
     if args.mode == "variants":
         return variants()
     if args.mode == "capture_splits":
         return capture_splits()
-    if args.mode == "split_bounds":
-        return split_bounds()
     if args.mode == "fused_combine":
         return fused_combine()
+    if args.mode == "split_grid":
+        return split_grid(args.json or "split_grid.json")
     if args.mode == "layout":
         return layout()
     if args.mode == "timeline":
@@ -213,24 +212,22 @@ def capture_splits():
     """bf16 decode (SplitKVPlan, output written by the split kernel or its last CTA), CUDA-graph
     replays: the eager planner's splits for the batch's context against those a graph captured
     for a max_model_len of 32k / 128k keeps (metadata.build_for_cudagraph_capture), each with
-    the grid's splits for every request ("m0") and with the backend's per-request bound ("m<m>",
-    planner.request_split_tokens: a request uses clamp(keys // m, 1, S) of them). Last rows: a
-    ragged batch, one long request beside short ones, eager."""
-    from atom_backend.planner import request_split_tokens
-
+    every request on all the grid's splits ("all") and with the backend's split rule ("rule",
+    planner.SplitRule: a request uses the splits its own length is worth). Last rows: a ragged
+    batch, one long request beside short ones, eager."""
     times = {}
     for b in (1, 4, 16, 64):
-        m = request_split_tokens(b, PlannerConfig())
-        for ctx in (64, 128, 256, 512, 1024, 2048, 8192):
+        rule = split_rule(b)
+        for ctx in (64, 128, 256, 512, 1024, 2048, 8192, 32768):
             c = build(b, ctx, "bf16")
             times.clear()
             cols = []
             for label, s in (("eager", planned_splits(b, ctx)), ("graph 32k", planned_splits(b, 32768)),
                              ("graph 128k", planned_splits(b, 131072))):
-                for mm in ((0,) if label == "eager" else (0, m)):
-                    if (s, mm) not in times:
-                        times[s, mm] = plan_us(c, s, mm)
-                    cols.append(f"{label} S{s} m{mm} {times[s, mm]:6.1f} us")
+                for name, r in ((("rule", rule),) if label == "eager" else (("all", None), ("rule", rule))):
+                    if (s, name) not in times:
+                        times[s, name] = plan_us(c, s, r)
+                    cols.append(f"{label} S{s} {name} {times[s, name]:6.1f} us")
             print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
             del c
             torch.cuda.empty_cache()
@@ -238,53 +235,72 @@ def capture_splits():
         c = build(b, long_ctx, "bf16")
         c["sl"] = torch.tensor([long_ctx] + [short] * (b - 1), dtype=torch.int32, device="cuda")
         s = planned_splits(b, long_ctx)
-        m = request_split_tokens(b, PlannerConfig())
-        print(f"ragged 1 x {long_ctx} + {b - 1} x {short}, eager S{s}: m0 {plan_us(c, s, 0):6.1f} us | "
-              f"m{m} {plan_us(c, s, m):6.1f} us", flush=True)
+        print(f"ragged 1 x {long_ctx} + {b - 1} x {short}, eager S{s}: all {plan_us(c, s):6.1f} us | "
+              f"rule {plan_us(c, s, split_rule(b)):6.1f} us", flush=True)
         del c
         torch.cuda.empty_cache()
 
 
-def plan_us(c, s, m) -> float:
-    """One bf16 decode (SplitKVPlan.run: S splits, per-request bound m), graph replay, us."""
+def split_rule(b, case="bf16"):
+    """The backend's SplitRule for b decode requests of the benchmark model."""
+    from bench.decode import facts_for, platform_here
+
+    return decode_split_rule(b, facts_for(KV_KINDS[case]), platform_here(), PlannerConfig())
+
+
+def plan_us(c, s, rule=None, rep_ms=200) -> float:
+    """One decode of `build`'s case c (SplitKVPlan.run: S splits, every request on all of them
+    or as the SplitRule `rule` says), graph replay, us."""
     from hip_kernels import decode
 
     out = torch.empty_like(c["q"])
-    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, min_split_tokens=m)
-    return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out)) * 1e3
+    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s,
+                              **(rule.kwargs if rule is not None else {}))
+    return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out, **c["scales"]), rep_ms) * 1e3
 
 
-def split_bounds():
-    """Which per-request bound m (planner.request_split_tokens) at 1 / 4 / 16 requests: a graph's
-    grid for 128k with m swept, beside the eager planner's splits. Then the eager planner at 1-8
-    requests against the same rule with the bound as its key count per split (`new`)."""
-    from atom_backend.planner import request_split_tokens
+def split_grid(path: str):
+    """Power-of-two split counts (1..64, at least 64 keys per split) and the planner's own over
+    batch sizes x context lengths (up to 2^20 keys in all), bf16 and FP8 per-tensor, pages
+    shuffled, CUDA-graph replays: the data the split rule is judged against. Rows (kv, batch,
+    ctx, splits, us, planner's splits) go to `path` (JSON); the summary gives the planner's time
+    against the best count measured for each shape."""
+    import json
+    import math
 
-    for b in (1, 4, 16):
-        for ctx in (64, 128, 256, 512, 1024, 2048):
-            c = build(b, ctx, "bf16")
-            se, sg = planned_splits(b, ctx), planned_splits(b, 131072)
-            cols = [f"eager S{se} {plan_us(c, se, 0):5.1f}"] + [
-                f"S{sg} m{m} {plan_us(c, sg, m):5.1f}" for m in (0, 16, 32, 64, 128, 256)]
-            print(f"{b:3d} x {ctx:5d}: " + " | ".join(cols), flush=True)
-            del c
-            torch.cuda.empty_cache()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    facts = ModelFacts(num_q_heads=HQ, num_kv_heads=HK, head_dim=D)
-    platform = platform_for("sm_90a", num_sms=sms, use_tables=False)
-    for b in (1, 2, 4, 8):
-        m = request_split_tokens(b, PlannerConfig())
-        for ctx in (128, 256, 512, 1024, 2048, 4096, 8192):
-            c = build(b, ctx, "bf16")
-            old = decode_splits(b, ctx, facts, platform, PlannerConfig())
-            new = decode_splits(b, ctx, facts, platform, PlannerConfig(min_split_tokens=m))
-            cols = []
-            for s in sorted({old, new, 2 * new, max(1, new // 2)}):
-                tag = ("old" if s == old else "") + ("new" if s == new else "")
-                cols.append(f"S{s}{'(' + tag + ')' if tag else ''} {plan_us(c, s, m):5.1f}")
-            print(f"eager {b:3d} x {ctx:5d} m{m}: " + " | ".join(cols), flush=True)
-            del c
-            torch.cuda.empty_cache()
+    rows = []
+    for case in ("bf16", "fp8t"):
+        for b in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96):
+            for ctx in (512, 1000, 2048, 4096, 7000, 16384, 32768, 65536, 131072):
+                if b * ctx > (1 << 20):
+                    continue
+                c = build(b, ctx, KV_KINDS[case])
+                planned = planned_splits(b, ctx, case)
+                splits = {planned}
+                s = 1
+                while s <= 64 and (s == 1 or ctx // s >= 64) and b * HK * s <= 4096:
+                    splits.add(s)
+                    s *= 2
+                times = {s: plan_us(c, s, rep_ms=100) for s in sorted(splits)}
+                rows += [dict(kv=case, batch=b, ctx=ctx, splits=s, us=t, planned=planned) for s, t in times.items()]
+                print(f"{case} {b:3d} x {ctx:6d}: " + " | ".join(
+                    f"S{s}{'*' if s == planned else ''} {t:6.1f}" for s, t in times.items()), flush=True)
+                del c
+                torch.cuda.empty_cache()
+                with open(path, "w") as f:
+                    json.dump(rows, f)
+    for case in ("bf16", "fp8t"):
+        shapes = collections.defaultdict(dict)
+        for r in rows:
+            if r["kv"] == case:
+                shapes[r["batch"], r["ctx"]][r["splits"]] = (r["us"], r["planned"])
+        loss = sorted(((d[next(iter(d.values()))[1]][0] / min(t for t, _ in d.values()) - 1, key)
+                       for key, d in shapes.items()), reverse=True)
+        print(f"# {case}: planner's splits vs the best measured over {len(loss)} shapes: mean "
+              f"+{100 * sum(x for x, _ in loss) / len(loss):.2f}%, geomean "
+              f"+{100 * (math.exp(sum(math.log1p(x) for x, _ in loss) / len(loss)) - 1):.2f}%, "
+              f"{sum(x > 0.02 for x, _ in loss)} over 2%, worst: "
+              + ", ".join(f"{b}x{ctx} +{100 * x:.1f}%" for x, (b, ctx) in loss[:5]), flush=True)
 
 
 def fused_combine():
@@ -328,10 +344,9 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
     (random lengths, partial chunks) checks the same agreement off the benchmark shapes."""
     import json
 
-    from atom_backend.planner import whole_wave_splits
+    from bench.decode import wave_splits
     from hip_kernels import decode
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     variants = [None] + json.loads(spec)
     codes = {"bf16": 0, "fp8t": 2, "fp8p": 2}
     shapes = [tuple(int(x) for x in t.split("x")) for t in shapes_arg.split(",")] if shapes_arg else list(SHAPES) + [(6, 3001)]
@@ -352,7 +367,7 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                 defines = kernel_defines(tune)
                 bal = bool((tune or {}).get("balanced"))
                 per_sm = ctas_per_sm(defines, codes[kv])
-                s = 3 if ragged else whole_wave_splits(b * HK, sms * per_sm, max(1, min(64, ctx // 256)))
+                s = 3 if ragged else wave_splits(b, ctx, per_sm)
                 s = int((tune or {}).get("splits", s))
                 out = torch.empty_like(c["q"])
                 ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")

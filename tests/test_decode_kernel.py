@@ -283,21 +283,26 @@ def test_partials_match_reference_splits(name):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("kv", ["16", "fp8_page"])
-def test_min_split_tokens_idles_the_splits_a_request_is_not_worth(kv):
-    """min_split_tokens m: a request of sk keys uses clamp(sk // m, 1, S) of the grid's S splits
-    (reference.split_ranges), split by split as the reference; idle splits write o = 0 and
-    lse = -inf over a NaN-poisoned workspace."""
+@pytest.mark.parametrize("rule, want", [
+    (dict(min_split_tokens=256), [8, 2, 2, 1, 1, 4, 4, 4]),  # clamp(sk // 256, 1, 8)
+    # clamp(min(sk // 64, max(2, sk // 400)), 1, 8): 3000 keys grow to 7, 517 and 1025 fill 2
+    (dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400), [7, 2, 2, 1, 1, 2, 2, 2]),
+])
+def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
+    """The split rule (planner.SplitRule): a request uses request_splits(sk, S, ...) of the grid's
+    S splits (reference.split_ranges), split by split as the reference; idle splits write o = 0
+    and lse = -inf over a NaN-poisoned workspace."""
     seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
-    S, m = 8, 256
+    S = 8
     batch = make_batch(seqs, 32, 8, 128, 16, kv=kv, seed=9)
     total_q = batch["q"].shape[0]
     ws = torch.full((decode.workspace_elems(S, total_q, 32, 128),), float("nan"), device="cuda")
-    o_part, lse_part = run_partials(batch, S, min_split_tokens=m, workspace=ws)
-    o_s, lse_s = reference_partials(batch, S, min_split_tokens=m)
+    o_part, lse_part = run_partials(batch, S, workspace=ws, **rule)
+    o_s, lse_s = reference_partials(batch, S, **rule)
     assert_lse_close(lse_part.cpu(), lse_s, batch["q"].dtype, "lse partials")
     assert_close(o_part.cpu(), o_s, batch["q"].dtype, "o partials")
     used = torch.isfinite(lse_part[:, :, 0]).sum(0).tolist()  # splits holding keys, per query token
-    assert used == [8, 2, 2, 1, 1, 4, 4, 4]
+    assert used == want
 
 
 def counters_zero() -> bool:
@@ -311,7 +316,7 @@ def counters_zero() -> bool:
 @pytest.mark.parametrize("num_splits", [6, 24, 40])  # last CTA: up to 16 (32 balanced); then the combine kernel
 @pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("name", ["ragged_long", "all_features", "spec8_gqa8_row_blocks", "fp8_per_page_transitions"])
-def test_min_split_tokens_full_decode(name, num_splits, balanced):
+def test_split_rule_full_decode(name, num_splits, balanced):
     """A grid sized for longer contexts than its requests' (a CUDA graph's): every request's answer
     and lse, sinks applied once, whichever CTA finishes it. out, lse and the workspace start as
     NaN and the counters are back at zero after each of two launches (a counter left over would
@@ -319,17 +324,16 @@ def test_min_split_tokens_full_decode(name, num_splits, balanced):
     if name == "ragged_long":
         batch = make_batch([(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)], 32, 8, 128, 16, seed=13)
         sinks = torch.randn(32, generator=torch.Generator().manual_seed(3)).cuda()
-        attn, m = {}, 256
+        attn, rule = {}, dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400)
         o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
-    else:  # windows, sink tokens, soft-cap, row blocks, FP8 pages: short contexts, so a small bound
+    else:  # windows, sink tokens, soft-cap, row blocks, FP8 pages: short contexts, so small bounds
         batch, sinks, attn, o_ref, lse_ref = _run_case(name, num_splits)
-        m = 16
+        rule = dict(min_split_tokens=16, fill_splits=2, long_split_tokens=48)
     total_q, hq, d = batch["q"].shape
     ws = torch.empty(decode.workspace_elems(num_splits, total_q, hq, d), dtype=torch.float32, device="cuda")
     for _ in range(2):
         ws.fill_(float("nan"))
-        out, lse = run_decode(batch, num_splits, sinks=sinks, min_split_tokens=m, balanced=balanced, workspace=ws,
-                              **attn)
+        out, lse = run_decode(batch, num_splits, sinks=sinks, balanced=balanced, workspace=ws, **rule, **attn)
         assert counters_zero(), "the kernel must leave its counters at zero"
         dt = batch["q"].dtype
         assert_close(out.float().cpu(), o_ref, dt, f"{name} out")

@@ -209,13 +209,17 @@ def test_decode_splits_match_single_split():
     impl = _impl(case, sinks=sinks)
     impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, case.slot_mapping)
     want = _reference(case, impl, sinks).to(case.dtype)
-    assert md.min_split_tokens == planner.request_split_tokens(3, _builder(facts).config) > 0
+    b = _builder(facts)
+    assert md.split_rule == planner.decode_split_rule(3, facts, b.platform, b.config)
+    assert md.split_rule.min_tokens > 0 and md.split_rule.fill > 0
+    # 100: the 17-key request keeps one split, the 300-key one three; (64, 2, 200): 300 keys fill
+    # 2, 513 grow to 2 (513 // 200), 17 keep 1
     for splits in (1, 3, 8):
-        for m in (0, 100):  # 100: the 17-key request keeps one split, the 300-key one three
-            md.num_splits, md.min_split_tokens = splits, m
+        for rule in (planner.SplitRule(), planner.SplitRule(100), planner.SplitRule(64, 2, 200)):
+            md.num_splits, md.split_rule = splits, rule
             out = torch.full_like(case.q, float("nan"))
             impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
-            assert_close(out, want, torch.float32, what=f"{splits} splits, min_split_tokens {m}")
+            assert_close(out, want, torch.float32, what=f"{splits} splits, {rule}")
 
 
 def test_a_route_from_the_first_request_reads_vllms_query_start_loc():

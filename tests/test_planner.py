@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, Platform, PlannerConfig, Reason, decode_splits, plan,
-                                   request_split_tokens, whole_wave_splits)
+from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
+                                   decode_split_rule, decode_splits, fills_last_wave, plan,
+                                   request_split_tokens, request_splits, whole_wave_splits)
 from atom_backend.kernels import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
@@ -83,12 +84,12 @@ def test_unified_requests_are_never_gathered():
 @pytest.mark.parametrize(
     "num_decodes,context,expected",
     [
-        (1, 131072, 32),  # 8 CTAs a split: 32 fill 97% of 264 slots (2 per SM)
-        (1, 1000, 3),  # at least 256 keys per split
-        (8, 32768, 4),  # 256 CTAs: 97% of one wave
+        (1, 131072, 32),  # 8 CTAs a split: one per 4096 keys, 256 of the 264 resident
+        (1, 1000, 15),  # at least 64 keys per split at one request
+        (8, 32768, 4),  # 256 CTAs
         (64, 4096, 1),
         (0, 0, 1),
-        (1, 10**7, 32),  # the cap
+        (1, 10**7, 32),  # 256 of the 264 resident CTAs: the fewest that fill 95% of the wave
     ],
 )
 def test_decode_split_counts(num_decodes, context, expected):
@@ -98,7 +99,7 @@ def test_decode_split_counts(num_decodes, context, expected):
 
 def test_window_limits_split_count():
     windowed = ModelFacts(32, 8, 128, window=128, sink_tokens=4)
-    assert plan([1], [100000], windowed, H100, DEFAULT).num_splits == 1  # 132 visible keys
+    assert plan([1], [100000], windowed, H100, DEFAULT).num_splits == 2  # 132 visible keys, >= 64 per split
     wide = ModelFacts(32, 8, 128, window=4096)
     assert plan([1], [100000], wide, H100, DEFAULT).num_splits == 16
 
@@ -111,9 +112,11 @@ def test_split_count_respects_cap():
 def test_env_overrides_and_bad_values():
     c = PlannerConfig.from_env({"ATOM_FORCE_PATH": "Unified", "ATOM_DISABLE_VARLEN": "1", "ATOM_MAX_SPLITS": "8",
                                 "ATOM_DECODE_MAX_QUERY_TOKENS": "4", "ATOM_VARLEN_MIN_NEW_TOKENS": "32",
-                                "ATOM_MAX_GATHER_RATIO": "16", "ATOM_MIN_SPLIT_TOKENS": "512", "ATOM_DECODE_WAVE_FILL": "90"})
+                                "ATOM_MAX_GATHER_RATIO": "16", "ATOM_MIN_SPLIT_TOKENS": "512", "ATOM_LONG_SPLIT_TOKENS": "2048",
+                                "ATOM_DECODE_WAVE_FILL": "90"})
     assert (c.force_path, c.disable_varlen, c.max_splits, c.decode_max_query_tokens) == ("unified", True, 8, 4)
-    assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.wave_fill) == (32, 16, 512, 90)
+    assert (c.varlen_min_new_tokens, c.max_gather_ratio, c.min_split_tokens, c.long_split_tokens) == (32, 16, 512, 2048)
+    assert c.wave_fill == 90
     assert PlannerConfig.from_env({}) == PlannerConfig()
     assert PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "1"}).deterministic_decode
     assert not PlannerConfig().deterministic_decode
@@ -184,55 +187,95 @@ def test_every_request_routed_once_and_deterministically(reqs, force, facts):
     assert p.decode_path in (Path.SPLITKV, Path.UNIFIED)
 
 
-@pytest.mark.parametrize("batch, ctx, kv, per_sm, want", [
-    (64, 4096, "bf16", 2, 1),       # 512 CTAs on 264 slots: 1.94 waves, already >= 95% full
-    (8, 32768, "bf16", 2, 4),       # docs/perf/decode.md: 4 splits (381 us) beat the old rule's 5 (450 us)
-    (1, 131072, "bf16", 2, 32),     # 256 CTAs on 264 slots
-    (64, 4096, "bf16", 3, 3),       # CUDA-core kernel, 3 CTAs per SM: 3 splits (398 us) vs 1 (515 us)
-    (1, 100, "bf16", 2, 1),         # too short to split
-    (64, 4096, "fp8_e4m3", 4, 1),   # 2-warp FP8 CTAs, 4 per SM: 512 CTAs on 528 slots
-    (8, 32768, "fp8_e4m3", 4, 8),   # docs/perf/decode.md: 219.5 us at 8 splits
-    (1, 131072, "fp8_e4m3", 4, 63), # 504 of 528 slots; at 32 splits half idle (152.9 vs 126.0 us at 64)
+# H100 (132 SMs, 8 kv heads): docs/perf/decode.md session 24, `bench.decode_profile split_grid`.
+@pytest.mark.parametrize("batch, ctx, kv, want", [
+    (64, 4096, "bf16", 1),        # 512 CTAs: more than one per SM already
+    (8, 32768, "bf16", 4),        # fill 2 (128 CTAs) would hold 16k keys each: one wave of 256, 369.5 us
+    (24, 20000, "bf16", 4),       # 192 CTAs at one split: 768 (2.9 waves) 659.9 us vs 708.7
+    (12, 60000, "bf16", 8),       # 975.4 us vs 1051.1 at 2
+    (96, 7000, "fp8_e4m3", 2),    # 768 CTAs are 1.45 waves of 528: 511.8 us at 2 vs 596.6 at 1
+    (1, 131072, "bf16", 32),      # 196.6 us at 32 (256 CTAs) vs 197.8 at 16
+    (1, 8192, "bf16", 16),        # one CTA per SM: 27.9 us vs 29.9 at 32 splits
+    (16, 512, "bf16", 1),         # 128 CTAs, one split: 25.1 us vs 27.8 at 2
+    (1, 512, "bf16", 8),          # >= 64 keys per split at one request: 12.7 us vs 16.4 at 2
+    (1, 100, "bf16", 1),          # too short to split
+    (64, 4096, "fp8_e4m3", 1),    # 2-warp FP8 CTAs, 4 per SM: 512 CTAs on 528 slots
+    (8, 32768, "fp8_e4m3", 8),    # 205.5 us at 8 splits
+    (1, 131072, "fp8_e4m3", 64),  # 512 of 528 slots: 115.1 us vs 117.3 at 63
+    (1, 2048, "fp8_e4m3", 32),    # 16.3 us vs 20.9 at 8
 ])
-def test_decode_splits_fill_whole_waves(batch, ctx, kv, per_sm, want):
+def test_decode_splits_fill_the_sms(batch, ctx, kv, want):
     fp8 = kv.startswith("fp8")
     facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype=kv,
                        kv_scale_mode="per_tensor" if fp8 else "none")
-    platform = Platform(num_sms=132, **{"decode_ctas_per_sm_fp8" if fp8 else "decode_ctas_per_sm": per_sm})
+    platform = Platform(num_sms=132)
     s = decode_splits(batch, ctx, facts, platform, PlannerConfig())
     assert s == want
-    waves = batch * 8 * s / (132 * per_sm)
-    assert s == min(64, max(1, ctx // 256)) or waves / math.ceil(waves) >= 0.95
+    resident = platform.decode_ctas_per_sm_fp8 if fp8 else platform.decode_ctas_per_sm
+    waves = batch * 8 * s / (132 * resident)
+    assert waves <= 1 or waves / math.ceil(waves) >= 0.95  # one wave, or whole ones
 
 
 def test_request_split_tokens_grow_with_the_batch_up_to_min_split_tokens():
     got = [request_split_tokens(n, PlannerConfig()) for n in (0, 1, 3, 4, 15, 16, 512)]
     assert got == [64, 64, 64, 128, 192, 256, 256]
     assert request_split_tokens(1, PlannerConfig(min_split_tokens=32)) == 32  # the setting caps it
-    # eager batches of one length keep the planner's splits: S <= ctx // min_split_tokens
-    facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
-    for n, ctx in ((1, 300), (4, 8192), (16, 600), (64, 4096)):
-        assert decode_splits(n, ctx, facts, Platform(num_sms=132), PlannerConfig()) <= max(
-            1, ctx // request_split_tokens(n, PlannerConfig()))
+
+
+def test_request_splits_matches_its_definition():
+    """ns = clamp(min(L // m, max(F, L // K)), 1, S), each bound off at 0."""
+    for keys in (0, 1, 63, 64, 100, 4095, 4096, 20000, 131072):
+        for S in (1, 7, 32):
+            for m in (0, 64, 256):
+                for fill in (0, 1, 16):
+                    for long_ in (0, 4096):
+                        want = S
+                        if m:
+                            want = min(want, keys // m)
+                        if fill:
+                            want = min(want, max(fill, keys // long_ if long_ else 0))
+                        assert request_splits(keys, S, m, fill, long_) == max(1, want)
+    assert request_splits(131072, 32, 64, 16, 4096) == 32 and request_splits(8192, 32, 64, 16, 4096) == 16
+    assert request_splits(512, 32, 64, 16, 4096) == 8 and request_splits(50, 32, 64, 16, 4096) == 1
+
+
+def test_the_split_rule_keeps_the_planners_splits_and_shortens_short_requests():
+    """Eager batches of one length: every request uses all of the planner's S (the rule never
+    takes splits the planner chose away). A graph's grid sized for 128k: each request uses at
+    most S, and a request of fewer keys never more splits than a longer one."""
+    for kv in ("bf16", "fp8_e4m3"):
+        facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype=kv,
+                           kv_scale_mode="per_tensor" if kv != "bf16" else "none")
+        for n in (1, 2, 3, 5, 8, 12, 16, 48, 64, 96):
+            rule = decode_split_rule(n, facts, H100, PlannerConfig())
+            grid = decode_splits(n, 131072, facts, H100, PlannerConfig())
+            used = []
+            for ctx in (1, 300, 512, 2048, 8192, 20000, 32768, 131072):
+                eager = decode_splits(n, ctx, facts, H100, PlannerConfig())
+                assert request_splits(ctx, eager, rule.min_tokens, rule.fill, rule.long_tokens) == eager, (kv, n, ctx)
+                used.append(request_splits(ctx, grid, rule.min_tokens, rule.fill, rule.long_tokens))
+            assert used == sorted(used) and used[-1] == grid, (kv, n, used)
 
 
 def test_decode_splits_count_fp8_ctas_per_sm():
-    """The same batch gets more splits with FP8 KV: its CTAs are half as wide, twice as many fit."""
+    """The same batch gets more splits with FP8 KV: its CTAs are half as wide, and one alone does
+    not stream at the GPU's speed, so they fill every resident slot."""
     bf16 = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128)
     fp8 = replace(bf16, kv_dtype="fp8_e4m3", kv_scale_mode="per_page")
     platform = Platform(num_sms=132)
     assert (platform.decode_ctas_per_sm, platform.decode_ctas_per_sm_fp8) == (2, 4)
-    assert decode_splits(2, 65536, fp8, platform, PlannerConfig()) == 2 * decode_splits(2, 65536, bf16, platform, PlannerConfig())
+    assert (platform.decode_fill_per_sm, platform.decode_fill_per_sm_fp8) == (1, 4)
+    assert decode_splits(2, 65536, fp8, platform, PlannerConfig()) == 32  # 512 CTAs (528 slots)
+    assert decode_splits(2, 65536, bf16, platform, PlannerConfig()) == 16  # 256
 
 
 def test_whole_wave_splits_matches_the_definition():
-    """The closed form against a plain search over s = 1..cap."""
+    """The closed form against a plain search over s = 1..cap (0: none fills its last wave)."""
     def search(ctas, slots, cap, fill):
         for s in range(1, cap + 1):
-            w = ctas * s / slots
-            if 100 * w >= fill * math.ceil(w):
+            if fills_last_wave(ctas * s, slots, fill):
                 return s
-        return cap
+        return 0
     for ctas in range(1, 600, 5):
         for slots in (132, 264, 304):
             for cap in (1, 7, 32):

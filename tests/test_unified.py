@@ -201,22 +201,26 @@ def test_split_partials_match_reference():
 
 
 @interp_only
-def test_split_partials_min_split_tokens():
-    """min_split_tokens m: a request of sk keys uses clamp(sk // m, 1, S) splits, as
-    reference.split_ranges; the answer is the same attention."""
+@pytest.mark.parametrize("rule, used", [
+    (dict(min_split_tokens=16), (3, 1, 2)),  # clamp(sk // 16, 1, 4)
+    # clamp(min(sk // 8, max(2, sk // 16)), 1, 4): 50 keys grow to 3, 9 keys keep 1, 33 fill 2
+    (dict(min_split_tokens=8, fill_splits=2, long_split_tokens=16), (3, 1, 2)),
+    (dict(min_split_tokens=4, fill_splits=2, long_split_tokens=40), (2, 2, 2)),
+])
+def test_split_partials_split_rule(rule, used):
+    """The split rule (planner.SplitRule): a request of sk keys uses request_splits(sk, S, ...)
+    splits, as reference.split_ranges; the answer is the same attention."""
     gen = torch.Generator().manual_seed(9)
     B = make_batch([(1, 50), (2, 9), (1, 33)], 4, 2, 32, 16, dtype=torch.float32, gen=gen)
-    S, m = 4, 16
+    S = 4
     ws = torch.full((decode_workspace_numel(S, B.q.shape[0], 4, 32),), float("nan"))
-    o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=2, num_splits=S, min_split_tokens=m, workspace=ws,
-                                 return_partials=True)
+    o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=2, num_splits=S, workspace=ws, return_partials=True, **rule)
     k, v, cu_k = ref.gather_vllm(B.k_cache, B.v_cache, B.block_table, B.seq_lens)
-    ro, rl = ref.split_kv_partials(B.q, k, v, B.cu_seqlens_q, cu_k, S, min_split_tokens=m)
+    ro, rl = ref.split_kv_partials(B.q, k, v, B.cu_seqlens_q, cu_k, S, **rule)
     assert_close(o_p, ro, torch.float32, "o_partial")
     assert_lse_close(l_p, rl, torch.float32, "lse_partial")
-    assert torch.isinf(l_p[3:, 0]).all() and torch.isfinite(l_p[:3, 0]).all()  # 50 keys: 3 splits
-    assert torch.isinf(l_p[1:, 1:3]).all()  # 9 keys: one split
-    assert torch.isinf(l_p[2:, 3]).all() and torch.isfinite(l_p[:2, 3]).all()  # 33 keys: 2 splits
+    for token, n in zip((0, 1, 2, 3), (used[0], used[1], used[1], used[2])):
+        assert torch.isfinite(l_p[:n, token]).all() and torch.isinf(l_p[n:, token]).all(), (token, n)
     assert_close(o, B.reference(sinks=None)[0], torch.float32, "out")
 
 

@@ -158,7 +158,7 @@ def unified_attn_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt,
-    qk_scale, cap_in, cap_out, window, sink_tokens, min_split_keys,
+    qk_scale, cap_in, cap_out, window, sink_tokens, min_split_keys, fill_splits, long_split_keys,
     GROUP: tl.constexpr, HG: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, PAD_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINK_TOKENS: tl.constexpr,
@@ -221,8 +221,13 @@ def unified_attn_kernel(
     if SPLIT:
         split = tl.program_id(2)
         ns = tl.num_programs(2)
-        if min_split_keys > 0:  # ns = clamp(sk // m, 1, S) ranges over [0, sk); splits ns.. stay empty
-            ns = tl.minimum(tl.maximum(sk // min_split_keys, 1), ns)
+        # The split rule (planner.request_splits) over [0, sk); splits ns.. stay empty.
+        if min_split_keys > 0:
+            ns = tl.minimum(sk // min_split_keys, ns)
+        if fill_splits > 0:
+            grown = tl.where(long_split_keys > 0, sk // tl.maximum(long_split_keys, 1), 0)
+            ns = tl.minimum(tl.maximum(grown, fill_splits), ns)
+        ns = tl.maximum(ns, 1)
         per = tl.cdiv(sk, ns)
         s_lo = tl.minimum(split * per, sk)
         s_hi = tl.minimum(s_lo + per, sk)

@@ -276,7 +276,7 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *,
     if q.shape[0] and seq_lens.shape[0]:
         _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads), L,
                 out_ptr=out, lse_ptr=lse, stride_ot=out.stride(0), stride_oh=out.stride(1),
-                min_split_keys=0, SPLIT=False, RETURN_LSE=return_lse)
+                min_split_keys=0, fill_splits=0, long_split_keys=0, SPLIT=False, RETURN_LSE=return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -308,7 +308,7 @@ def _workspace(workspace, num_splits, total_q, hq, d, device):
 
 
 def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_seqlen_q, num_splits: int,
-                 min_split_tokens: int = 0, workspace=None, scale=None, causal=True, window=0, sink_tokens=0, sinks=None, softcap=0.0,
+                 min_split_tokens: int = 0, fill_splits: int = 0, long_split_tokens: int = 0, workspace=None, scale=None, causal=True, window=0, sink_tokens=0, sinks=None, softcap=0.0,
                  k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, return_lse=False,
                  max_seqlen_k=None, return_partials=False, _config=None):
     """Split-KV paged attention: each of ``num_splits`` contiguous key ranges (ceil(sk / S) keys,
@@ -316,12 +316,15 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
     merges them and applies sinks once. ``workspace``: None, a flat float32 tensor of at least
     ``decode_workspace_numel(...)`` elements, or a pair (o_partial, lse_partial); preallocate it
     for CUDA graphs. ``return_partials`` also returns the two partial views (tests).
-    ``min_split_tokens`` m > 0: a request of sk keys uses ns = clamp(sk // m, 1, num_splits) of
-    them (splits ns.. empty), so num_splits is a bound sized for the longest context (graphs).
+    The split rule (``min_split_tokens`` m, ``fill_splits`` F, ``long_split_tokens`` K; 0 = off,
+    planner.SplitRule): a request of sk keys uses ns = clamp(min(sk // m, max(F, sk // K)), 1,
+    num_splits) of them (splits ns.. empty), so num_splits is a bound sized for the longest
+    context (graphs).
     """
     _check(isinstance(num_splits, int) and 1 <= num_splits <= 256, f"num_splits must be an int in [1, 256], got {num_splits}")
-    _check(isinstance(min_split_tokens, int) and min_split_tokens >= 0,
-           f"min_split_tokens must be an int >= 0, got {min_split_tokens!r}")
+    for name, v in (("min_split_tokens", min_split_tokens), ("fill_splits", fill_splits),
+                    ("long_split_tokens", long_split_tokens)):
+        _check(isinstance(v, int) and v >= 0, f"{name} must be an int >= 0, got {v!r}")
     L = _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q=max_seqlen_q, scale=scale,
                  causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, softcap=softcap,
                  k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale,
@@ -337,7 +340,7 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
     if total_q and seq_lens.shape[0]:
         _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads, num_splits), L,
                 out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, min_split_keys=min_split_tokens,
-                SPLIT=True, RETURN_LSE=False)
+                fill_splits=fill_splits, long_split_keys=long_split_tokens, SPLIT=True, RETURN_LSE=False)
         L.kern.combine_kernel[(total_q, hq)](
             o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, SPLITS_PAD=max(2, _next_pow2(num_splits)), HEAD_DIM=d,

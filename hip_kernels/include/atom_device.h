@@ -442,4 +442,18 @@ ATOM_DEV i32 find_seq(const i32* __restrict__ cu, i32 n, i64 row) {
   return lo;
 }
 
+// Splits of a launch's num_splits that a split-KV request of `keys` visible keys uses
+// (atom_backend.planner.SplitRule, the reference's definition): clamp(min(keys / min_keys,
+// max(fill, keys / long_keys)), 1, num_splits); a zero bound is off.
+ATOM_DEV i32 request_splits(i32 keys, i32 num_splits, i32 min_keys, i32 fill, i32 long_keys) {
+  i32 n = num_splits;
+  if (min_keys > 0 && keys / min_keys < n) n = keys / min_keys;
+  if (fill > 0) {
+    const i32 grown = long_keys > 0 ? keys / long_keys : 0;
+    const i32 cap = grown > fill ? grown : fill;
+    if (cap < n) n = cap;
+  }
+  return n > 1 ? n : 1;
+}
+
 }  // namespace atom

@@ -215,7 +215,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     float* __restrict__ lse_out, const float* __restrict__ sinks, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
     float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int min_split_keys,
-    int* __restrict__ sem, int balanced) {
+    int fill_splits, int long_split_keys, int* __restrict__ sem, int balanced) {
   using namespace atom_dmma;
   using atom::mma::mma;
   typedef atom::mma::acc_t acc_t;
@@ -276,13 +276,13 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  // Splits of this request: ns = clamp(main_len / min_split_keys, 1, num_splits), DESIGN.md's
+  // Splits of this request: ns = atom::request_splits (the planner's SplitRule), DESIGN.md's
   // ranges of ceil(main_len / ns) keys over ns (the last may be short). num_splits is the grid's
   // bound, sized for the longest context a launch may see (a CUDA graph keeps it); a shorter
   // request leaves splits ns.. idle. An idle split returns at once: with the combine kernel to
   // follow (no `out`) it writes an empty split's partials (o = 0, lse = -inf); with `out` the
   // request's first CTA writes the answer (ns == 1) or its last active CTA combines ns partials.
-  const int ns = min_split_keys > 0 ? imax(1, imin(num_splits, main_len / min_split_keys)) : num_splits;
+  const int ns = atom::request_splits(main_len, num_splits, min_split_keys, fill_splits, long_split_keys);
   if (s >= ns) {
     if (out == nullptr) {
       const int rows = imin(M, sq * group - rb * M);
@@ -300,8 +300,10 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // Balanced (`balanced`, counters given, several splits): the CTAs of one (kv head, row block,
   // request) share its whole visible range, cut into KPW-key slices that warps claim from a
   // counter; a split's partial then covers the slices its warps took. Static: split s owns a
-  // contiguous range.
-  const bool dyn = BALANCE && balanced != 0 && sem != nullptr && ns > 1;
+  // contiguous range. The host turns balancing on for a grid that fills the GPU; a request that
+  // leaves splits idle does not fill its share of it, so it keeps fixed ranges (the claims cost
+  // more than they save there: docs/perf/decode.md, session 24).
+  const bool dyn = BALANCE && balanced != 0 && sem != nullptr && ns > 1 && ns == num_splits;
   const int n_sink = (window > 0 && (s == 0 || dyn)) ? imin(sink_tokens, lo) : 0;
   const int per = dyn ? main_len : (main_len + ns - 1) / ns;
   const int st = dyn ? lo : imin(lo + s * per, sk > lo ? sk : lo);
