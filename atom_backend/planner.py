@@ -391,14 +391,16 @@ def decode_splits(
     - else the fewest splits, at most one per `long_split_tokens` keys, whose CTAs fill their
       last wave of resident CTAs (`decode_ctas_per_sm` per SM) to `wave_fill` %;
     - none does: the fill target.
-    H100 (docs/perf/decode.md, session 24): within 0.3% of the best measured split count on
-    average over 1-96 requests x 300-128k keys, bf16 and FP8, 7% at worst. One count for the
-    whole batch keeps the grid and the workspace shape fixed (CUDA graphs); shorter requests
-    use fewer of them on the device (SplitRule)."""
+    H100 (docs/perf/decode.md, session 24, 110 shapes of 1-96 requests x 512-128k keys): +0.54%
+    (bf16) and +0.99% (FP8) over the best measured split count, geomean; +5.8% and +13.9% at
+    worst. One count for the whole batch keeps the grid and the workspace shape fixed (CUDA
+    graphs); shorter requests use fewer of them on the device (SplitRule: its per-request
+    bound, not the wave step, so a graph may give a request more splits than an eager batch of
+    its length would get)."""
     if num_decodes == 0:
         return 1
-    if facts.window > 0:  # keys outside the window are skipped, not split
-        max_context = min(max_context, facts.window + facts.sink_tokens)
+    if facts.window > 0:  # the split kernels divide the window's keys; sink tokens are not split
+        max_context = min(max_context, facts.window + config.decode_max_query_tokens - 1)
     rule = decode_split_rule(num_decodes, facts, platform, config)
     per_sm = platform.decode_ctas_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_ctas_per_sm
     ctas, slots = num_decodes * facts.num_kv_heads, platform.num_sms * per_sm

@@ -23,7 +23,7 @@ import json
 import torch
 
 from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_split_rule, decode_splits
+from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16
@@ -94,19 +94,20 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
 
 
 def run_ours(c, splits, tune=None, with_combine=True, impl=None):
-    """One decode step as the backend launches it (the planner's split rule included)."""
+    """One decode step over `splits` splits, every request on all of them: what the backend
+    launches at the planner's own count for a batch of one length (its SplitRule then keeps every
+    split, tests/test_planner.py), and exactly the count asked for otherwise (sweeps)."""
     ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
     out = torch.empty_like(c["q"])
-    rule = decode_split_rule(c["q"].shape[0], facts_for(c["kv"]), platform_here(), PlannerConfig()).kwargs
 
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, out=out, workspace=ws, impl=impl, **rule,
+                                  num_splits=splits, out=out, workspace=ws, impl=impl,
                                   **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **rule,
+                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl,
                                     **c["scales"])
 
     return fn

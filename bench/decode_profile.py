@@ -299,7 +299,7 @@ def split_grid(path: str):
         print(f"# {case}: planner's splits vs the best measured over {len(loss)} shapes: mean "
               f"+{100 * sum(x for x, _ in loss) / len(loss):.2f}%, geomean "
               f"+{100 * (math.exp(sum(math.log1p(x) for x, _ in loss) / len(loss)) - 1):.2f}%, "
-              f"{sum(x > 0.02 for x, _ in loss)} over 2%, worst: "
+              f"{sum(x > 0.02 for x, _ in loss)} over 2%, {sum(x > 0.05 for x, _ in loss)} over 5%, worst: "
               + ", ".join(f"{b}x{ctx} +{100 * x:.1f}%" for x, (b, ctx) in loss[:5]), flush=True)
 
 

@@ -667,8 +667,8 @@ def splitkv_decode(
 
 
 # CTAs of one variant that fit on an SM at once (H100: registers and shared memory of the
-# default variants, from the compile report), by rows per CTA; the planner's split rule
-# (atom_backend.planner.whole_wave_splits) counts waves in these units.
+# default variants, from the compile report), by rows per CTA (the CUDA-core kernel; the
+# benchmarks size its splits in these units).
 _CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
 # The tensor-core kernel at head_dim 128, by KV bytes per element: 16-bit KV runs 4 warps of ~200
 # registers (2 CTAs per SM), FP8 2 warps (4 per SM). The planner mirrors it

@@ -287,6 +287,7 @@ def test_partials_match_reference_splits(name):
     (dict(min_split_tokens=256), [8, 2, 2, 1, 1, 4, 4, 4]),  # clamp(sk // 256, 1, 8)
     # clamp(min(sk // 64, max(2, sk // 400)), 1, 8): 3000 keys grow to 7, 517 and 1025 fill 2
     (dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400), [7, 2, 2, 1, 1, 2, 2, 2]),
+    (dict(fill_splits=3), [3, 3, 3, 3, 1, 3, 3, 3]),  # fill alone: no growth, no minimum
 ])
 def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
     """The split rule (planner.SplitRule): a request uses request_splits(sk, S, ...) of the grid's

@@ -222,6 +222,33 @@ def test_decode_splits_match_single_split():
             assert_close(out, want, torch.float32, what=f"{splits} splits, {rule}")
 
 
+def test_cpu_split_decode_divides_keys_as_the_split_rule_says(monkeypatch):
+    """Every split count gives the same answer, so the ranges themselves are checked: the CPU
+    executor's partials cover reference.split_ranges(keys, S, rule) of each request."""
+    from atom_backend import executors
+
+    case = Case([1, 1, 1], [300, 17, 513], seed=5)
+    facts = case.facts()
+    md = _builder(facts).build(0, case.common())
+    impl = _impl(case)
+    impl.do_kv_cache_update(LAYER, case.k_new, case.v_new, case.kv_cache, case.slot_mapping)
+    seen = []
+    real = executors.attend
+
+    def recording(q, k, v, sk, p, key_lo=0, key_hi=None):
+        seen.append((sk, key_lo, key_hi))
+        return real(q, k, v, sk, p, key_lo, key_hi)
+
+    monkeypatch.setattr(executors, "attend", recording)
+    md.num_splits, md.split_rule = 8, planner.SplitRule(64, 2, 200)
+    impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, torch.empty_like(case.q))
+    want = []
+    for sk in (301, 18, 514):  # cached + the new token
+        want += [(sk, j0, j1) for j0, j1 in ref.split_ranges(sk, 8, **md.split_rule.kwargs)]
+    assert seen == want
+    assert [sum(1 for s, a, b in seen if s == sk and b > a) for sk in (301, 18, 514)] == [2, 1, 2]
+
+
 def test_a_route_from_the_first_request_reads_vllms_query_start_loc():
     """Decodes come first (vLLM reorders them): their route's cu_seqlens_q is a view of vLLM's
     query_start_loc (no host-to-device copy per batch); a route further in gets its own."""

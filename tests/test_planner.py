@@ -99,7 +99,17 @@ def test_decode_split_counts(num_decodes, context, expected):
 
 def test_window_limits_split_count():
     windowed = ModelFacts(32, 8, 128, window=128, sink_tokens=4)
-    assert plan([1], [100000], windowed, H100, DEFAULT).num_splits == 2  # 132 visible keys, >= 64 per split
+    # the split kernels divide the window's 128 keys (the 4 sink tokens go with split 0): 2 of 64
+    assert plan([1], [100000], windowed, H100, DEFAULT).num_splits == 2
+    assert plan([1], [100000], replace(windowed, window=127), H100, DEFAULT).num_splits == 1
+    # a split count the device keeps for every request of the batch (eager batches of one length)
+    for win, sink in ((127, 1), (128, 4), (1000, 16), (4096, 0)):
+        facts = ModelFacts(32, 8, 128, window=win, sink_tokens=sink)
+        for n in (1, 3, 16):
+            rule = decode_split_rule(n, facts, H100, DEFAULT)
+            for ctx in (win - 1, win, win + sink, 10 * win):
+                s = decode_splits(n, ctx, facts, H100, DEFAULT)
+                assert request_splits(min(ctx, win), s, rule.min_tokens, rule.fill, rule.long_tokens) == s
     wide = ModelFacts(32, 8, 128, window=4096)
     assert plan([1], [100000], wide, H100, DEFAULT).num_splits == 16
 
@@ -124,6 +134,9 @@ def test_env_overrides_and_bad_values():
         cost_routing=False)
     with pytest.raises(PlanError, match="ATOM_DETERMINISTIC_DECODE"):
         PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "sometimes"})
+    for name in ("ATOM_LONG_SPLIT_TOKENS", "ATOM_MIN_SPLIT_TOKENS", "ATOM_MAX_SPLITS"):
+        with pytest.raises(PlanError, match=name):
+            PlannerConfig.from_env({name: "0"})
     with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
         PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
     with pytest.raises(PlanError, match="not an integer"):

@@ -206,6 +206,7 @@ def test_split_partials_match_reference():
     # clamp(min(sk // 8, max(2, sk // 16)), 1, 4): 50 keys grow to 3, 9 keys keep 1, 33 fill 2
     (dict(min_split_tokens=8, fill_splits=2, long_split_tokens=16), (3, 1, 2)),
     (dict(min_split_tokens=4, fill_splits=2, long_split_tokens=40), (2, 2, 2)),
+    (dict(fill_splits=2), (2, 2, 2)),  # no growth without long_split_tokens
 ])
 def test_split_partials_split_rule(rule, used):
     """The split rule (planner.SplitRule): a request of sk keys uses request_splits(sk, S, ...)

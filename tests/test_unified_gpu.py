@@ -10,7 +10,7 @@ import torch
 
 from atom_backend import reference as ref
 from atom_backend.tolerances import assert_close, assert_lse_close
-from atom_backend.unified import paged_attention, paged_decode
+from atom_backend.unified import decode_workspace_numel, paged_attention, paged_decode
 from tests.test_unified import FP8, make_batch
 
 pytestmark = [pytest.mark.gpu,
@@ -75,6 +75,28 @@ def test_decode_long_context(splits):
     seqs = [(1, 4096 - 37 * i) for i in range(24)] + [(4, 3000), (8, 1234)]
     B = make_batch(seqs, 32, 8, 128, 16, dtype=torch.bfloat16, device=DEV, gen=torch.Generator().manual_seed(4))
     _check(B, torch.bfloat16, splits=(splits,), sinks=torch.randn(32, device=DEV))
+
+
+@pytest.mark.parametrize("rule", [dict(min_split_tokens=256), dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400),
+                                  dict(fill_splits=3)], ids=["min", "rule", "fill"])
+def test_split_rule_compiled(rule):
+    """The compiled kernel's per-request split counts (planner.SplitRule) split by split against
+    reference.split_kv_partials, partials NaN-poisoned first; then the answer."""
+    seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
+    B = make_batch(seqs, 32, 8, 128, 16, dtype=torch.bfloat16, device=DEV, gen=torch.Generator().manual_seed(6))
+    S = 8
+    ws = torch.full((decode_workspace_numel(S, B.q.shape[0], 32, 128),), float("nan"), device=DEV)
+    o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=B.max_seqlen_q, num_splits=S, workspace=ws,
+                                 return_partials=True, **rule)
+    with torch.device(DEV):
+        k, v, cu_k = ref.gather_vllm(B.k_cache, B.v_cache, B.block_table, B.seq_lens)
+        ro, rl = ref.split_kv_partials(B.q.float(), k.float(), v.float(), B.cu_seqlens_q, cu_k, S, **rule)
+    assert_lse_close(l_p, rl, torch.bfloat16, "lse partials")
+    assert_close(o_p, ro, torch.bfloat16, "o partials")
+    ranges = [ref.split_ranges(sk, S, **rule) for sk in B.seq_lens.tolist()]
+    used = torch.isfinite(l_p[:, :, 0]).sum(0).tolist()  # splits with keys, per query token
+    assert used == [sum(b > a for a, b in ranges[i]) for i, (sq, _) in enumerate(seqs) for _ in range(sq)]
+    assert_close(o, _reference(B)[0], torch.bfloat16, "out")
 
 
 @pytest.mark.parametrize("d", [80, 96, 256])
