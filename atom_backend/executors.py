@@ -118,7 +118,7 @@ def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int 
 def _split_combine(q, k, v, sk, p, num_splits, split_rule: SplitRule):
     """Split-KV on the CPU: fp32 partials over the kernels' contiguous key ranges, then the
     combine of DESIGN.md (empty splits weigh 0)."""
-    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, **split_rule.kwargs)]
+    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, split_rule)]
     o_s = torch.stack([o for o, _ in parts])
     lse_s = torch.stack([l for _, l in parts])
     lse = torch.logsumexp(lse_s, dim=0)
@@ -178,7 +178,7 @@ def _gpu_triton_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_spli
     qs, os_, rows = _rows_in(q, out, route.rows)
     paged_decode(qs, k_cache, v_cache, route.cu_seqlens_q, route.seq_lens, route.block_table,
                  max_seqlen_q=route.max_seqlen_q, num_splits=max(1, min(num_splits, 256)),
-                 workspace=workspace, scale=p.scale, **split_rule.kwargs,
+                 split_rule=split_rule, workspace=workspace, scale=p.scale,
                  window=p.window, sinks=p.sinks, softcap=p.softcap, k_scale=p.k_scale, v_scale=p.v_scale, out=os_,
                  max_seqlen_k=route.max_seqlen_k)
     if rows is not None:
@@ -194,7 +194,7 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
 
         plan = route.cache[key] = SplitKVPlan(
             route.cu_seqlens_q, route.seq_lens, route.block_table, max_query_len=route.max_seqlen_q,
-            num_splits=num_splits, balanced=balanced, workspace=workspace, counters=counters, **split_rule.kwargs)
+            num_splits=num_splits, split_rule=split_rule, balanced=balanced, workspace=workspace, counters=counters)
     qs, os_, rows = _rows_in(q, out, route.rows)
     plan.run(qs, k_cache, v_cache, out=os_, scale=p.scale, window=p.window, sinks=p.sinks, softcap=p.softcap,
              k_scale=p.k_scale, v_scale=p.v_scale)

@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -310,55 +310,24 @@ def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None
     return _path_reason(platform.splitkv_caps, facts)
 
 
-@dataclass(frozen=True)
-class SplitRule:
-    """How many of a launch's S splits a decode request of L visible keys uses, decided per
-    request on the device (every split kernel and the reference apply ``request_splits``):
+class SplitRule(NamedTuple):
+    """How many of a launch's S splits a decode request uses: the count ``decode_splits`` would
+    give a batch of requests of its length, decided per request on the device (every split
+    kernel and the reference apply ``request_splits``), so a CUDA graph sized for max_model_len
+    gives each request what an eager batch of its length gets. A tuple of six ints, in the
+    kernels' argument order; zeros (``SplitRule()``) use all S splits.
 
-        ns = clamp(min(L // min_tokens, max(fill, L // long_tokens)), 1, S)
-
-    ``fill``: the splits that give the batch the CTAs per SM it aims for; a longer request grows
-    to one split per ``long_tokens`` keys, up to S (decode_splits sizes S for the batch's longest
-    request; a CUDA graph's for max_model_len). Zero turns a bound off: ``SplitRule()`` uses all
-    S splits."""
+    min_tokens: at most keys // min_tokens splits. fill: the fill target (0: no bound but
+    min_tokens). long_tokens: fill-target splits of more keys than this grow. ctas, slots,
+    wave_fill: CTAs per split, CTAs resident at once, and the % of its last wave a grown
+    count's CTAs must fill."""
 
     min_tokens: int = 0
     fill: int = 0
     long_tokens: int = 0
-
-    @property
-    def kwargs(self) -> dict:
-        """The split kernels' keyword arguments (hip_kernels.decode, unified.paged_decode)."""
-        return dict(min_split_tokens=self.min_tokens, fill_splits=self.fill, long_split_tokens=self.long_tokens)
-
-
-def request_splits(keys: int, num_splits: int, min_tokens: int = 0, fill: int = 0, long_tokens: int = 0) -> int:
-    """SplitRule's per-request split count (the one definition; the kernels mirror it)."""
-    n = num_splits
-    if min_tokens > 0:
-        n = min(n, keys // min_tokens)
-    if fill > 0:
-        n = min(n, max(fill, keys // long_tokens if long_tokens > 0 else 0))
-    return max(1, n)
-
-
-def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
-    """Fewest keys per split. Few requests leave the GPU idle, so short splits still cut their
-    latency; more requests fill it and want longer ones. H100, 8 kv heads (docs/perf/decode.md,
-    sessions 23-24): the best bound was 64 keys at 1-2 requests, 128 at 4-8, 256 from 16:
-    64 * isqrt(n), at most min_split_tokens."""
-    return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
-
-
-def decode_split_rule(num_decodes: int, facts: ModelFacts, platform: Platform, config: PlannerConfig) -> SplitRule:
-    """The batch's SplitRule. Its fill target puts the platform's fill CTAs on every SM
-    (``decode_fill_per_sm``: one 16-bit CTA, four FP8 ones on H100), short of the last slot: a
-    grid that needs every slot at once waits for the slowest to free (H100, FP8 2 x 4k keys: 33
-    splits, 528 CTAs on 528 slots, 23.7 us; 32 splits 21.2 us)."""
-    ctas = max(1, num_decodes * facts.num_kv_heads)
-    per_sm = platform.decode_fill_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_fill_per_sm
-    return SplitRule(min_tokens=request_split_tokens(num_decodes, config),
-                     fill=max(1, (platform.num_sms * per_sm - 1) // ctas), long_tokens=config.long_split_tokens)
+    ctas: int = 0
+    slots: int = 0
+    wave_fill: int = 0
 
 
 def fills_last_wave(ctas: int, slots: int, fill: int) -> bool:
@@ -381,36 +350,65 @@ def whole_wave_splits(ctas_per_split: int, slots: int, cap: int, fill: int = 95)
         k += 1
 
 
+def request_splits(keys: int, num_splits: int, rule: Sequence[int] = ()) -> int:
+    """The split count of a request of `keys` visible keys (the one definition; the kernels
+    mirror it), at most num_splits:
+    - at most keys // min_tokens;
+    - the fill target when its splits hold at most long_tokens keys each and its CTAs run in one
+      wave, or when its CTAs fill their last wave anyway;
+    - else the fewest splits, at most max(fill, keys // long_tokens), whose CTAs fill their last
+      wave to wave_fill % (whole_wave_splits); none does: the fill target."""
+    m, fill, long_tokens, ctas, slots, wave_fill = tuple(rule) + (0,) * (6 - len(rule))
+    cap = num_splits if m <= 0 else min(num_splits, keys // m)
+    cap = max(1, cap)
+    if fill <= 0:
+        return cap
+    fill = min(fill, cap)
+    if long_tokens <= 0 or ctas <= 0 or slots <= 0:
+        return fill
+    if (keys <= fill * long_tokens and ctas * fill <= slots) or fills_last_wave(ctas * fill, slots, wave_fill):
+        return fill
+    return whole_wave_splits(ctas, slots, min(cap, max(fill, keys // long_tokens)), wave_fill) or fill
+
+
+def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
+    """Fewest keys per split. Few requests leave the GPU idle, so short splits still cut their
+    latency; more requests fill it and want longer ones. H100, 8 kv heads (docs/perf/decode.md,
+    sessions 23-24): the best bound was 64 keys at 1-2 requests, 128 at 4-8, 256 from 16:
+    64 * isqrt(n), at most min_split_tokens."""
+    return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
+
+
+def decode_split_rule(num_decodes: int, facts: ModelFacts, platform: Platform, config: PlannerConfig) -> SplitRule:
+    """The batch's SplitRule. Its fill target puts the platform's fill CTAs on every SM
+    (``decode_fill_per_sm``: one 16-bit CTA, four FP8 ones on H100), short of the last slot: a
+    grid that needs every slot at once waits for the slowest to free (H100, FP8 2 x 4k keys: 33
+    splits, 528 CTAs on 528 slots, 23.7 us; 32 splits 21.2 us). Grown counts fill whole waves
+    of the CTAs resident at once (``decode_ctas_per_sm`` per SM)."""
+    fp8 = facts.kv_dtype.startswith("fp8")
+    ctas = max(1, num_decodes * facts.num_kv_heads)
+    fill_per_sm = platform.decode_fill_per_sm_fp8 if fp8 else platform.decode_fill_per_sm
+    resident = platform.decode_ctas_per_sm_fp8 if fp8 else platform.decode_ctas_per_sm
+    return SplitRule(min_tokens=request_split_tokens(num_decodes, config),
+                     fill=max(1, (platform.num_sms * fill_per_sm - 1) // ctas),
+                     long_tokens=config.long_split_tokens, ctas=ctas, slots=platform.num_sms * resident,
+                     wave_fill=config.wave_fill)
+
+
 def decode_splits(
     num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
 ) -> int:
-    """The launch's splits S, sized for the batch's longest request (L visible keys), at most
-    `max_splits` and L // request_split_tokens:
-    - the fill target (decode_split_rule) when its splits hold at most `long_split_tokens` keys
-      and its CTAs run in one wave, or when its CTAs fill their last wave anyway;
-    - else the fewest splits, at most one per `long_split_tokens` keys, whose CTAs fill their
-      last wave of resident CTAs (`decode_ctas_per_sm` per SM) to `wave_fill` %;
-    - none does: the fill target.
-    H100 (docs/perf/decode.md, session 24, 110 shapes of 1-96 requests x 512-128k keys): +0.54%
-    (bf16) and +0.99% (FP8) over the best measured split count, geomean; +5.8% and +13.9% at
-    worst. One count for the whole batch keeps the grid and the workspace shape fixed (CUDA
-    graphs); shorter requests use fewer of them on the device (SplitRule: its per-request
-    bound, not the wave step, so a graph may give a request more splits than an eager batch of
-    its length would get)."""
+    """The launch's splits S: request_splits of the batch's longest request under the batch's
+    SplitRule, at most `max_splits`. H100 (docs/perf/decode.md, session 24, 110 shapes of 1-96
+    requests x 512-128k keys): +0.54% (bf16) and +0.99% (FP8) over the best measured split
+    count, geomean; +5.8% and +13.9% at worst. One count for the whole batch keeps the grid and
+    the workspace shape fixed (CUDA graphs); each request then uses the count its own length is
+    worth, on the device."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # the split kernels divide the window's keys; sink tokens are not split
         max_context = min(max_context, facts.window + config.decode_max_query_tokens - 1)
-    rule = decode_split_rule(num_decodes, facts, platform, config)
-    per_sm = platform.decode_ctas_per_sm_fp8 if facts.kv_dtype.startswith("fp8") else platform.decode_ctas_per_sm
-    ctas, slots = num_decodes * facts.num_kv_heads, platform.num_sms * per_sm
-    cap = max(1, min(config.max_splits, max_context // rule.min_tokens))
-    fill = min(rule.fill, cap)
-    if (max_context <= fill * rule.long_tokens and ctas * fill <= slots) or fills_last_wave(ctas * fill, slots,
-                                                                                             config.wave_fill):
-        return fill
-    grown = whole_wave_splits(ctas, slots, min(cap, max(fill, max_context // rule.long_tokens)), config.wave_fill)
-    return grown or fill
+    return request_splits(max_context, config.max_splits, decode_split_rule(num_decodes, facts, platform, config))
 
 
 def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],

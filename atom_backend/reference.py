@@ -258,21 +258,18 @@ def paged_attention(
 # --- Split-KV (decode) --------------------------------------------------------------------
 
 
-def split_ranges(sk: int, num_splits: int, min_split_tokens: int = 0, fill_splits: int = 0,
-                 long_split_tokens: int = 0) -> list[tuple[int, int]]:
+def split_ranges(sk: int, num_splits: int, split_rule=()) -> list[tuple[int, int]]:
     """Contiguous key ranges of ceil(sk / n) keys, n = num_splits; trailing splits may be short or
-    empty. With a split rule (planner.SplitRule: min_split_tokens, fill_splits, long_split_tokens,
-    0 = off) n = planner.request_splits(sk, num_splits, ...): num_splits is then an upper bound (a
-    CUDA graph's grid), splits n.. are empty."""
-    n = request_splits(sk, num_splits, min_split_tokens, fill_splits, long_split_tokens)
+    empty. With a split rule (planner.SplitRule) n = planner.request_splits(sk, num_splits,
+    split_rule): num_splits is then an upper bound (a CUDA graph's grid), splits n.. are empty."""
+    n = request_splits(sk, num_splits, split_rule)
     per = -(-sk // n) if sk else 0
     return [(min(s * per, sk), min((s + 1) * per, sk)) for s in range(num_splits)]
 
 
 def split_kv_partials(
     q, k, v, cu_seqlens_q, cu_seqlens_k, num_splits: int, *,
-    scale=None, causal=True, window=0, sink_tokens=0, softcap=0.0, min_split_tokens=0, fill_splits=0,
-    long_split_tokens=0,
+    scale=None, causal=True, window=0, sink_tokens=0, softcap=0.0, split_rule=(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-split normalised o_s [S, total_q, H, d] and lse_s [S, total_q, H] (no sinks)."""
     cdt = _compute_dtype(q)
@@ -291,8 +288,7 @@ def split_kv_partials(
         kb = expand_kv_heads(k[k0:k1].to(cdt), hq)
         vb = expand_kv_heads(v[k0:k1].to(cdt), hq)
         q_pos = torch.arange(sk - sq, sk)
-        for s, (j0, j1) in enumerate(split_ranges(sk, num_splits, min_split_tokens, fill_splits,
-                                                      long_split_tokens)):
+        for s, (j0, j1) in enumerate(split_ranges(sk, num_splits, split_rule)):
             if j1 == j0:
                 continue
             vis = mask.visible(q_pos, torch.arange(j0, j1))

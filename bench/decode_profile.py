@@ -254,8 +254,7 @@ def plan_us(c, s, rule=None, rep_ms=200) -> float:
     from hip_kernels import decode
 
     out = torch.empty_like(c["q"])
-    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s,
-                              **(rule.kwargs if rule is not None else {}))
+    plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, split_rule=rule or ())
     return bench_ms(lambda: plan.run(c["q"], c["k"], c["v"], out=out, **c["scales"]), rep_ms) * 1e3
 
 

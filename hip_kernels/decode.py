@@ -20,11 +20,12 @@ Split s of a request covers keys [lo + s*per, lo + (s+1)*per) of its visible ran
 lo is the first key the window lets the first query token see (0 without a window) and
 per = ceil((sk - lo) / num_splits); split 0 also takes the StreamingLLM sink tokens below lo.
 Without a window this is `reference.split_ranges`. Empty splits write lse = -inf, o = 0.
-The split rule (the backend passes its planner's SplitRule): `min_split_tokens` m, `fill_splits` F
-and `long_split_tokens` K, zero = off; a request of L = sk - lo visible keys splits over
-ns = clamp(min(L // m, max(F, L // K)), 1, num_splits) splits instead, splits ns.. stay idle
-(lse -inf); num_splits is then the grid's bound, so a CUDA graph captured for long contexts still
-gives a short request the splits its own length is worth.
+`split_rule` (the backend passes its planner's SplitRule: six ints, min keys per split, fill
+target, long-split keys, CTAs per split, resident CTAs, wave fill %; empty = off): a request of
+L = sk - lo visible keys splits over ns = atom::request_splits(L, num_splits, ...) splits
+instead, the count the planner would give a batch of its length; splits ns.. stay idle
+(lse -inf). num_splits is then the grid's bound, so a CUDA graph captured for long contexts
+still gives a short request the splits its own length is worth.
 Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from DESIGN.md's contiguous
 ranges on purpose: a request's splits (when it uses all of the grid's) claim 16-key slices of its
 whole range at run time, so a partial covers the slices its CTA took (the combined attention is the same; its rounding varies
@@ -419,16 +420,15 @@ class SplitKVPlan:
     """
 
     def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-                 max_query_len, num_splits, min_split_tokens=0, fill_splits=0, long_split_tokens=0, balanced=None,
-                 impl=None, workspace=None, counters=None, _tune=None):
-        for name, v in (("min_split_tokens", min_split_tokens), ("fill_splits", fill_splits),
-                        ("long_split_tokens", long_split_tokens)):
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+                 max_query_len, num_splits, split_rule=(), balanced=None, impl=None, workspace=None,
+                 counters=None, _tune=None):
+        rule = tuple(split_rule)
+        if len(rule) > 6 or not all(isinstance(v, int) and v >= 0 for v in rule):
+            raise ValueError(f"split_rule must be up to 6 ints >= 0 (planner.SplitRule), got {split_rule!r}")
         self.cu_seqlens_q, self.seq_lens, self.block_table = cu_seqlens_q, seq_lens, block_table
         self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
         self.max_query_len, self.num_splits = max_query_len, num_splits
-        self.split_rule = (min_split_tokens, fill_splits, long_split_tokens)
+        self.split_rule = rule + (0,) * (6 - len(rule))
         self.balanced, self.impl, self._tune = balanced, impl, _tune
         self._workspace = workspace
         self._counters = counters
@@ -636,14 +636,13 @@ def _stream(q) -> int:
 
 def splitkv_partials(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, min_split_tokens=0, fill_splits=0, long_split_tokens=0, scale=None, window=0,
-    sink_tokens=0, softcap=0.0, k_scale=None, v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
+    max_query_len, num_splits, split_rule=(), scale=None, window=0, sink_tokens=0, softcap=0.0, k_scale=None,
+    v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split kernel alone, once, over fixed key ranges (DESIGN.md's split ranges, bitwise
     repeatable): SplitKVPlan(..., balanced=False).partials(...)."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                       max_query_len=max_query_len, num_splits=num_splits, min_split_tokens=min_split_tokens,
-                       fill_splits=fill_splits, long_split_tokens=long_split_tokens,
+                       max_query_len=max_query_len, num_splits=num_splits, split_rule=split_rule,
                        balanced=False, impl=impl, workspace=workspace, _tune=_tune)
     return plan.partials(q, k_cache, v_cache, scale=scale, window=window, sink_tokens=sink_tokens, softcap=softcap,
                          k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale)
@@ -651,15 +650,14 @@ def splitkv_partials(
 
 def splitkv_decode(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
-    max_query_len, num_splits, min_split_tokens=0, fill_splits=0, long_split_tokens=0, scale=None, window=0,
-    sink_tokens=0, sinks=None, softcap=0.0, k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None,
-    impl=None, balanced=None,
+    max_query_len, num_splits, split_rule=(), scale=None, window=0, sink_tokens=0, sinks=None, softcap=0.0,
+    k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, lse_out=None, workspace=None, impl=None,
+    balanced=None,
 ) -> torch.Tensor:
     """Decode attention of 1..max_query_len new tokens per request over the paged cache, once:
     SplitKVPlan(...).run(...). A caller launching several layers on one batch keeps the plan."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                       max_query_len=max_query_len, num_splits=num_splits, min_split_tokens=min_split_tokens,
-                       fill_splits=fill_splits, long_split_tokens=long_split_tokens,
+                       max_query_len=max_query_len, num_splits=num_splits, split_rule=split_rule,
                        balanced=balanced, impl=impl, workspace=workspace)
     return plan.run(q, k_cache, v_cache, out=out, lse_out=lse_out, scale=scale, window=window,
                     sink_tokens=sink_tokens, sinks=sinks, softcap=softcap, k_scale=k_scale, v_scale=v_scale,

@@ -284,13 +284,13 @@ def test_partials_match_reference_splits(name):
 @pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("kv", ["16", "fp8_page"])
 @pytest.mark.parametrize("rule, want", [
-    (dict(min_split_tokens=256), [8, 2, 2, 1, 1, 4, 4, 4]),  # clamp(sk // 256, 1, 8)
-    # clamp(min(sk // 64, max(2, sk // 400)), 1, 8): 3000 keys grow to 7, 517 and 1025 fill 2
-    (dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400), [7, 2, 2, 1, 1, 2, 2, 2]),
-    (dict(fill_splits=3), [3, 3, 3, 3, 1, 3, 3, 3]),  # fill alone: no growth, no minimum
+    ((256,), [8, 2, 2, 1, 1, 4, 4, 4]),  # clamp(sk // 256, 1, 8)
+    # fill 2 (16 of 24 slots); 3000 and 1025 keys hold more than 300 a split: 3 fill the wave
+    ((64, 2, 300, 8, 24, 95), [3, 2, 2, 1, 1, 3, 3, 3]),
+    ((0, 3), [3, 3, 3, 3, 1, 3, 3, 3]),  # fill alone: no growth, no minimum
 ])
 def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
-    """The split rule (planner.SplitRule): a request uses request_splits(sk, S, ...) of the grid's
+    """The split rule (planner.SplitRule): a request uses request_splits(sk, S, rule) of the grid's
     S splits (reference.split_ranges), split by split as the reference; idle splits write o = 0
     and lse = -inf over a NaN-poisoned workspace."""
     seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
@@ -298,8 +298,8 @@ def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
     batch = make_batch(seqs, 32, 8, 128, 16, kv=kv, seed=9)
     total_q = batch["q"].shape[0]
     ws = torch.full((decode.workspace_elems(S, total_q, 32, 128),), float("nan"), device="cuda")
-    o_part, lse_part = run_partials(batch, S, workspace=ws, **rule)
-    o_s, lse_s = reference_partials(batch, S, **rule)
+    o_part, lse_part = run_partials(batch, S, workspace=ws, split_rule=rule)
+    o_s, lse_s = reference_partials(batch, S, split_rule=rule)
     assert_lse_close(lse_part.cpu(), lse_s, batch["q"].dtype, "lse partials")
     assert_close(o_part.cpu(), o_s, batch["q"].dtype, "o partials")
     used = torch.isfinite(lse_part[:, :, 0]).sum(0).tolist()  # splits holding keys, per query token
@@ -325,16 +325,16 @@ def test_split_rule_full_decode(name, num_splits, balanced):
     if name == "ragged_long":
         batch = make_batch([(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)], 32, 8, 128, 16, seed=13)
         sinks = torch.randn(32, generator=torch.Generator().manual_seed(3)).cuda()
-        attn, rule = {}, dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400)
+        attn, rule = {}, (64, 2, 300, 8, 24, 95)
         o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
     else:  # windows, sink tokens, soft-cap, row blocks, FP8 pages: short contexts, so small bounds
         batch, sinks, attn, o_ref, lse_ref = _run_case(name, num_splits)
-        rule = dict(min_split_tokens=16, fill_splits=2, long_split_tokens=48)
+        rule = (16, 2, 48, 8, 24, 95)
     total_q, hq, d = batch["q"].shape
     ws = torch.empty(decode.workspace_elems(num_splits, total_q, hq, d), dtype=torch.float32, device="cuda")
     for _ in range(2):
         ws.fill_(float("nan"))
-        out, lse = run_decode(batch, num_splits, sinks=sinks, balanced=balanced, workspace=ws, **rule, **attn)
+        out, lse = run_decode(batch, num_splits, sinks=sinks, balanced=balanced, workspace=ws, split_rule=rule, **attn)
         assert counters_zero(), "the kernel must leave its counters at zero"
         dt = batch["q"].dtype
         assert_close(out.float().cpu(), o_ref, dt, f"{name} out")

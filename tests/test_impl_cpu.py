@@ -212,10 +212,10 @@ def test_decode_splits_match_single_split():
     b = _builder(facts)
     assert md.split_rule == planner.decode_split_rule(3, facts, b.platform, b.config)
     assert md.split_rule.min_tokens > 0 and md.split_rule.fill > 0
-    # 100: the 17-key request keeps one split, the 300-key one three; (64, 2, 200): 300 keys fill
-    # 2, 513 grow to 2 (513 // 200), 17 keep 1
+    # 100: the 17-key request keeps one split, the 300-key one three; the last rule: 301 keys keep
+    # the fill target 2, 514 grow to 4 (a whole wave of 8 slots), 18 keep 1
     for splits in (1, 3, 8):
-        for rule in (planner.SplitRule(), planner.SplitRule(100), planner.SplitRule(64, 2, 200)):
+        for rule in (planner.SplitRule(), planner.SplitRule(100), planner.SplitRule(64, 2, 100, 2, 8, 95)):
             md.num_splits, md.split_rule = splits, rule
             out = torch.full_like(case.q, float("nan"))
             impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, out)
@@ -240,13 +240,13 @@ def test_cpu_split_decode_divides_keys_as_the_split_rule_says(monkeypatch):
         return real(q, k, v, sk, p, key_lo, key_hi)
 
     monkeypatch.setattr(executors, "attend", recording)
-    md.num_splits, md.split_rule = 8, planner.SplitRule(64, 2, 200)
+    md.num_splits, md.split_rule = 8, planner.SplitRule(64, 2, 100, 2, 8, 95)
     impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, torch.empty_like(case.q))
     want = []
     for sk in (301, 18, 514):  # cached + the new token
-        want += [(sk, j0, j1) for j0, j1 in ref.split_ranges(sk, 8, **md.split_rule.kwargs)]
+        want += [(sk, j0, j1) for j0, j1 in ref.split_ranges(sk, 8, md.split_rule)]
     assert seen == want
-    assert [sum(1 for s, a, b in seen if s == sk and b > a) for sk in (301, 18, 514)] == [2, 1, 2]
+    assert [sum(1 for s, a, b in seen if s == sk and b > a) for sk in (301, 18, 514)] == [2, 1, 4]
 
 
 def test_a_route_from_the_first_request_reads_vllms_query_start_loc():

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
-                                   decode_split_rule, decode_splits, fills_last_wave, plan,
-                                   request_split_tokens, request_splits, whole_wave_splits)
+                                   SplitRule, decode_split_rule, decode_splits, fills_last_wave,
+                                   plan, request_split_tokens, request_splits, whole_wave_splits)
 from atom_backend.kernels import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
@@ -109,7 +109,7 @@ def test_window_limits_split_count():
             rule = decode_split_rule(n, facts, H100, DEFAULT)
             for ctx in (win - 1, win, win + sink, 10 * win):
                 s = decode_splits(n, ctx, facts, H100, DEFAULT)
-                assert request_splits(min(ctx, win), s, rule.min_tokens, rule.fill, rule.long_tokens) == s
+                assert request_splits(min(ctx, win), s, rule) == s
     wide = ModelFacts(32, 8, 128, window=4096)
     assert plan([1], [100000], wide, H100, DEFAULT).num_splits == 16
 
@@ -236,38 +236,48 @@ def test_request_split_tokens_grow_with_the_batch_up_to_min_split_tokens():
 
 
 def test_request_splits_matches_its_definition():
-    """ns = clamp(min(L // m, max(F, L // K)), 1, S), each bound off at 0."""
-    for keys in (0, 1, 63, 64, 100, 4095, 4096, 20000, 131072):
+    """The docstring's steps, written out plainly, over every small rule."""
+    def plain(keys, S, m, fill, long_, ctas, slots, wf):
+        cap = max(1, min(S, keys // m) if m else S)
+        if not fill:
+            return cap
+        f = min(fill, cap)
+        if not (long_ and ctas and slots):
+            return f
+        if (keys <= f * long_ and ctas * f <= slots) or fills_last_wave(ctas * f, slots, wf):
+            return f
+        for s in range(1, min(cap, max(f, keys // long_)) + 1):
+            if fills_last_wave(ctas * s, slots, wf):
+                return s
+        return f
+    for keys in (0, 1, 63, 64, 100, 1000, 4095, 4096, 20000, 131072):
         for S in (1, 7, 32):
-            for m in (0, 64, 256):
-                for fill in (0, 1, 16):
-                    for long_ in (0, 4096):
-                        want = S
-                        if m:
-                            want = min(want, keys // m)
-                        if fill:
-                            want = min(want, max(fill, keys // long_ if long_ else 0))
-                        assert request_splits(keys, S, m, fill, long_) == max(1, want)
-    assert request_splits(131072, 32, 64, 16, 4096) == 32 and request_splits(8192, 32, 64, 16, 4096) == 16
-    assert request_splits(512, 32, 64, 16, 4096) == 8 and request_splits(50, 32, 64, 16, 4096) == 1
+            for m in (0, 64):
+                for fill in (0, 1, 3, 16):
+                    for long_ in (0, 1024):
+                        for ctas, slots in ((0, 0), (8, 264), (96, 264), (768, 528), (3, 8)):
+                            for wf in (50, 95):
+                                rule = SplitRule(m, fill, long_, ctas, slots, wf)
+                                assert request_splits(keys, S, rule) == plain(keys, S, *rule), (keys, S, rule)
+    assert request_splits(131072, 64, SplitRule()) == 64 and request_splits(10, 64, SplitRule(64)) == 1
+    bf16_1 = SplitRule(64, 16, 1024, 8, 264, 95)  # one bf16 request on H100
+    assert [request_splits(k, 64, bf16_1) for k in (512, 8192, 20000, 32768, 131072)] == [8, 16, 16, 32, 32]
 
 
-def test_the_split_rule_keeps_the_planners_splits_and_shortens_short_requests():
+def test_a_graphs_requests_get_the_eager_planners_splits():
     """Eager batches of one length: every request uses all of the planner's S (the rule never
-    takes splits the planner chose away). A graph's grid sized for 128k: each request uses at
-    most S, and a request of fewer keys never more splits than a longer one."""
+    takes splits the planner chose away). A graph's grid sized for 128k: each request uses what
+    the eager planner gives a batch of its length."""
     for kv in ("bf16", "fp8_e4m3"):
         facts = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype=kv,
                            kv_scale_mode="per_tensor" if kv != "bf16" else "none")
         for n in (1, 2, 3, 5, 8, 12, 16, 48, 64, 96):
             rule = decode_split_rule(n, facts, H100, PlannerConfig())
             grid = decode_splits(n, 131072, facts, H100, PlannerConfig())
-            used = []
             for ctx in (1, 300, 512, 2048, 8192, 20000, 32768, 131072):
                 eager = decode_splits(n, ctx, facts, H100, PlannerConfig())
-                assert request_splits(ctx, eager, rule.min_tokens, rule.fill, rule.long_tokens) == eager, (kv, n, ctx)
-                used.append(request_splits(ctx, grid, rule.min_tokens, rule.fill, rule.long_tokens))
-            assert used == sorted(used) and used[-1] == grid, (kv, n, used)
+                assert request_splits(ctx, eager, rule) == eager, (kv, n, ctx)
+                assert request_splits(ctx, grid, rule) == eager, (kv, n, ctx)
 
 
 def test_decode_splits_count_fp8_ctas_per_sm():

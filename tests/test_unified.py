@@ -202,22 +202,24 @@ def test_split_partials_match_reference():
 
 @interp_only
 @pytest.mark.parametrize("rule, used", [
-    (dict(min_split_tokens=16), (3, 1, 2)),  # clamp(sk // 16, 1, 4)
-    # clamp(min(sk // 8, max(2, sk // 16)), 1, 4): 50 keys grow to 3, 9 keys keep 1, 33 fill 2
-    (dict(min_split_tokens=8, fill_splits=2, long_split_tokens=16), (3, 1, 2)),
-    (dict(min_split_tokens=4, fill_splits=2, long_split_tokens=40), (2, 2, 2)),
-    (dict(fill_splits=2), (2, 2, 2)),  # no growth without long_split_tokens
+    ((16,), (3, 1, 2)),  # clamp(sk // 16, 1, 4)
+    # fill 2; 50 and 33 keys hold more than 10 a split: 3 splits fill the 3 slots (9 keys: 2)
+    ((4, 2, 10, 1, 3, 95), (3, 2, 3)),
+    # fill 1; 50 keys grow to 3 (one wave); 33 keys may grow to 2, which fills no wave: 1
+    ((8, 1, 16, 1, 3, 90), (3, 1, 1)),
+    ((0, 2), (2, 2, 2)),  # fill alone: no growth, no minimum
 ])
 def test_split_partials_split_rule(rule, used):
-    """The split rule (planner.SplitRule): a request of sk keys uses request_splits(sk, S, ...)
+    """The split rule (planner.SplitRule): a request of sk keys uses request_splits(sk, S, rule)
     splits, as reference.split_ranges; the answer is the same attention."""
     gen = torch.Generator().manual_seed(9)
     B = make_batch([(1, 50), (2, 9), (1, 33)], 4, 2, 32, 16, dtype=torch.float32, gen=gen)
     S = 4
     ws = torch.full((decode_workspace_numel(S, B.q.shape[0], 4, 32),), float("nan"))
-    o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=2, num_splits=S, workspace=ws, return_partials=True, **rule)
+    o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=2, num_splits=S, workspace=ws, return_partials=True,
+                                 split_rule=rule)
     k, v, cu_k = ref.gather_vllm(B.k_cache, B.v_cache, B.block_table, B.seq_lens)
-    ro, rl = ref.split_kv_partials(B.q, k, v, B.cu_seqlens_q, cu_k, S, **rule)
+    ro, rl = ref.split_kv_partials(B.q, k, v, B.cu_seqlens_q, cu_k, S, split_rule=rule)
     assert_close(o_p, ro, torch.float32, "o_partial")
     assert_lse_close(l_p, rl, torch.float32, "lse_partial")
     for token, n in zip((0, 1, 2, 3), (used[0], used[1], used[1], used[2])):

@@ -77,8 +77,7 @@ def test_decode_long_context(splits):
     _check(B, torch.bfloat16, splits=(splits,), sinks=torch.randn(32, device=DEV))
 
 
-@pytest.mark.parametrize("rule", [dict(min_split_tokens=256), dict(min_split_tokens=64, fill_splits=2, long_split_tokens=400),
-                                  dict(fill_splits=3)], ids=["min", "rule", "fill"])
+@pytest.mark.parametrize("rule", [(256,), (64, 2, 300, 8, 24, 95), (0, 3)], ids=["min", "rule", "fill"])
 def test_split_rule_compiled(rule):
     """The compiled kernel's per-request split counts (planner.SplitRule) split by split against
     reference.split_kv_partials, partials NaN-poisoned first; then the answer."""
@@ -87,13 +86,13 @@ def test_split_rule_compiled(rule):
     S = 8
     ws = torch.full((decode_workspace_numel(S, B.q.shape[0], 32, 128),), float("nan"), device=DEV)
     o, (o_p, l_p) = paged_decode(*B.args(), max_seqlen_q=B.max_seqlen_q, num_splits=S, workspace=ws,
-                                 return_partials=True, **rule)
+                                 return_partials=True, split_rule=rule)
     with torch.device(DEV):
         k, v, cu_k = ref.gather_vllm(B.k_cache, B.v_cache, B.block_table, B.seq_lens)
-        ro, rl = ref.split_kv_partials(B.q.float(), k.float(), v.float(), B.cu_seqlens_q, cu_k, S, **rule)
+        ro, rl = ref.split_kv_partials(B.q.float(), k.float(), v.float(), B.cu_seqlens_q, cu_k, S, split_rule=rule)
     assert_lse_close(l_p, rl, torch.bfloat16, "lse partials")
     assert_close(o_p, ro, torch.bfloat16, "o partials")
-    ranges = [ref.split_ranges(sk, S, **rule) for sk in B.seq_lens.tolist()]
+    ranges = [ref.split_ranges(sk, S, rule) for sk in B.seq_lens.tolist()]
     used = torch.isfinite(l_p[:, :, 0]).sum(0).tolist()  # splits with keys, per query token
     assert used == [sum(b > a for a, b in ranges[i]) for i, (sq, _) in enumerate(seqs) for _ in range(sq)]
     assert_close(o, _reference(B)[0], torch.bfloat16, "out")

@@ -19,6 +19,36 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _request_splits(keys, num_splits, min_keys, fill, long_keys, ctas, slots, wave_fill):
+    """planner.request_splits (the one definition; see there)."""
+    cap = num_splits
+    if min_keys > 0:
+        cap = tl.minimum(cap, keys // min_keys)
+    cap = tl.maximum(cap, 1)
+    ns = cap
+    if fill > 0:
+        f = tl.minimum(fill, cap)
+        ns = f
+        if (long_keys > 0) & (ctas > 0) & (slots > 0):
+            fc = ctas * f
+            one_wave = (keys <= f * long_keys) & (fc <= slots)
+            full = 100 * fc >= wave_fill * ((fc + slots - 1) // slots) * slots
+            if not (one_wave | full):
+                grow_cap = tl.minimum(cap, tl.maximum(f, keys // long_keys))
+                k = (ctas + slots - 1) // slots
+                done = 0
+                while done == 0:  # whole_wave_splits
+                    s = tl.maximum((wave_fill * k * slots + 100 * ctas - 1) // (100 * ctas), 1)
+                    if s > grow_cap:
+                        done = 1
+                    elif ctas * s <= k * slots:
+                        ns = s
+                        done = 1
+                    k += 1
+    return ns
+
+
+@triton.jit
 def _find_seq(cu_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
     # Sequence b owns tile ids cu_q[b] // BLOCK_Q + b onwards: an upper bound of the tiles of all
     # earlier sequences that needs no host-side prefix sum (and so no device-to-host sync).
@@ -158,7 +188,8 @@ def unified_attn_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt,
-    qk_scale, cap_in, cap_out, window, sink_tokens, min_split_keys, fill_splits, long_split_keys,
+    qk_scale, cap_in, cap_out, window, sink_tokens,
+    min_split_keys, fill_splits, long_split_keys, split_ctas, split_slots, wave_fill,
     GROUP: tl.constexpr, HG: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, PAD_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINK_TOKENS: tl.constexpr,
@@ -221,13 +252,9 @@ def unified_attn_kernel(
     if SPLIT:
         split = tl.program_id(2)
         ns = tl.num_programs(2)
-        # The split rule (planner.request_splits) over [0, sk); splits ns.. stay empty.
-        if min_split_keys > 0:
-            ns = tl.minimum(sk // min_split_keys, ns)
-        if fill_splits > 0:
-            grown = tl.where(long_split_keys > 0, sk // tl.maximum(long_split_keys, 1), 0)
-            ns = tl.minimum(tl.maximum(grown, fill_splits), ns)
-        ns = tl.maximum(ns, 1)
+        # The split rule over [0, sk); splits ns.. stay empty.
+        ns = _request_splits(sk, ns, min_split_keys, fill_splits, long_split_keys, split_ctas, split_slots,
+                             wave_fill)
         per = tl.cdiv(sk, ns)
         s_lo = tl.minimum(split * per, sk)
         s_hi = tl.minimum(s_lo + per, sk)

@@ -276,8 +276,18 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *,
     if q.shape[0] and seq_lens.shape[0]:
         _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads), L,
                 out_ptr=out, lse_ptr=lse, stride_ot=out.stride(0), stride_oh=out.stride(1),
-                min_split_keys=0, fill_splits=0, long_split_keys=0, SPLIT=False, RETURN_LSE=return_lse)
+                **_split_args(()), SPLIT=False, RETURN_LSE=return_lse)
     return (out, lse) if return_lse else out
+
+
+def _split_args(split_rule) -> dict:
+    """The kernel's split-rule arguments from planner.SplitRule (up to six ints >= 0)."""
+    rule = tuple(split_rule)
+    _check(len(rule) <= 6 and all(isinstance(v, int) and v >= 0 for v in rule),
+           f"split_rule must be up to 6 ints >= 0 (planner.SplitRule), got {split_rule!r}")
+    rule += (0,) * (6 - len(rule))
+    names = ("min_split_keys", "fill_splits", "long_split_keys", "split_ctas", "split_slots", "wave_fill")
+    return dict(zip(names, rule))
 
 
 def decode_workspace_numel(num_splits: int, total_q: int, num_q_heads: int, head_dim: int) -> int:
@@ -308,23 +318,20 @@ def _workspace(workspace, num_splits, total_q, hq, d, device):
 
 
 def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_seqlen_q, num_splits: int,
-                 min_split_tokens: int = 0, fill_splits: int = 0, long_split_tokens: int = 0, workspace=None, scale=None, causal=True, window=0, sink_tokens=0, sinks=None, softcap=0.0,
-                 k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, return_lse=False,
+                 split_rule=(), workspace=None, scale=None, causal=True, window=0, sink_tokens=0, sinks=None,
+                 softcap=0.0, k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, return_lse=False,
                  max_seqlen_k=None, return_partials=False, _config=None):
     """Split-KV paged attention: each of ``num_splits`` contiguous key ranges (ceil(sk / S) keys,
     as in DESIGN.md) writes fp32 partials o[S, T, Hq, D] and lse[S, T, Hq]; a Triton combine
     merges them and applies sinks once. ``workspace``: None, a flat float32 tensor of at least
     ``decode_workspace_numel(...)`` elements, or a pair (o_partial, lse_partial); preallocate it
     for CUDA graphs. ``return_partials`` also returns the two partial views (tests).
-    The split rule (``min_split_tokens`` m, ``fill_splits`` F, ``long_split_tokens`` K; 0 = off,
-    planner.SplitRule): a request of sk keys uses ns = clamp(min(sk // m, max(F, sk // K)), 1,
-    num_splits) of them (splits ns.. empty), so num_splits is a bound sized for the longest
-    context (graphs).
+    ``split_rule`` (planner.SplitRule, up to six ints; empty = off): a request of sk keys uses
+    planner.request_splits(sk, num_splits, split_rule) of them (splits ns.. empty), so num_splits
+    is a bound sized for the longest context (graphs).
     """
     _check(isinstance(num_splits, int) and 1 <= num_splits <= 256, f"num_splits must be an int in [1, 256], got {num_splits}")
-    for name, v in (("min_split_tokens", min_split_tokens), ("fill_splits", fill_splits),
-                    ("long_split_tokens", long_split_tokens)):
-        _check(isinstance(v, int) and v >= 0, f"{name} must be an int >= 0, got {v!r}")
+    rule = _split_args(split_rule)
     L = _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q=max_seqlen_q, scale=scale,
                  causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, softcap=softcap,
                  k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale,
@@ -339,8 +346,8 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device) if return_lse else None
     if total_q and seq_lens.shape[0]:
         _launch(L.kern.unified_attn_kernel, (L.grid_tiles, L.grid_heads, num_splits), L,
-                out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, min_split_keys=min_split_tokens,
-                fill_splits=fill_splits, long_split_keys=long_split_tokens, SPLIT=True, RETURN_LSE=False)
+                out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, **rule,
+                SPLIT=True, RETURN_LSE=False)
         L.kern.combine_kernel[(total_q, hq)](
             o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1),
             NUM_SPLITS=num_splits, SPLITS_PAD=max(2, _next_pow2(num_splits)), HEAD_DIM=d,

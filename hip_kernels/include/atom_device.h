@@ -442,18 +442,33 @@ ATOM_DEV i32 find_seq(const i32* __restrict__ cu, i32 n, i64 row) {
   return lo;
 }
 
-// Splits of a launch's num_splits that a split-KV request of `keys` visible keys uses
-// (atom_backend.planner.SplitRule, the reference's definition): clamp(min(keys / min_keys,
-// max(fill, keys / long_keys)), 1, num_splits); a zero bound is off.
-ATOM_DEV i32 request_splits(i32 keys, i32 num_splits, i32 min_keys, i32 fill, i32 long_keys) {
-  i32 n = num_splits;
-  if (min_keys > 0 && keys / min_keys < n) n = keys / min_keys;
-  if (fill > 0) {
-    const i32 grown = long_keys > 0 ? keys / long_keys : 0;
-    const i32 cap = grown > fill ? grown : fill;
-    if (cap < n) n = cap;
+// Splits of a launch's num_splits that a split-KV request of `keys` visible keys uses: the count
+// the planner would give a batch of requests of its length (atom_backend.planner.request_splits,
+// the one definition; SplitRule holds the six bounds, zeros off):
+// - at most keys / min_keys;
+// - the fill target when its splits hold at most long_keys keys and its CTAs run in one wave, or
+//   when its CTAs fill their last wave to wave_fill % anyway;
+// - else the fewest splits, at most max(fill, keys / long_keys), whose CTAs fill their last wave
+//   to wave_fill %; none does: the fill target.
+ATOM_DEV i32 request_splits(i32 keys, i32 num_splits, i32 min_keys, i32 fill, i32 long_keys, i32 ctas, i32 slots,
+                            i32 wave_fill) {
+  i32 cap = num_splits;
+  if (min_keys > 0 && keys / min_keys < cap) cap = keys / min_keys;
+  if (cap < 1) cap = 1;
+  if (fill <= 0) return cap;
+  if (fill > cap) fill = cap;
+  if (long_keys <= 0 || ctas <= 0 || slots <= 0) return fill;
+  const i64 fc = (i64)ctas * fill;
+  const bool one_wave = (i64)keys <= (i64)fill * long_keys && fc <= slots;
+  if (one_wave || 100 * fc >= (i64)wave_fill * ((fc + slots - 1) / slots) * slots) return fill;
+  i32 grow_cap = keys / long_keys > fill ? keys / long_keys : fill;
+  if (grow_cap > cap) grow_cap = cap;
+  for (i64 k = (ctas + slots - 1) / slots;; ++k) {  // whole_wave_splits
+    i64 s = ((i64)wave_fill * k * slots + 100 * (i64)ctas - 1) / (100 * (i64)ctas);
+    if (s < 1) s = 1;
+    if (s > grow_cap) return fill;
+    if ((i64)ctas * s <= k * slots) return (i32)s;
   }
-  return n > 1 ? n : 1;
 }
 
 }  // namespace atom

@@ -183,7 +183,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
     float* __restrict__ o_partial, float* __restrict__ lse_partial, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
     float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int min_split_keys,
-    int fill_splits, int long_split_keys) {
+    int fill_splits, int long_split_keys, int split_ctas, int split_slots, int wave_fill) {
   using namespace atom_decode;
   const float NEG_INF = atom::neg_inf();
   const int g = (int)atom::bid_x() / row_blocks;
@@ -222,7 +222,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
   const int main_len = sk > lo ? sk - lo : 0;
   // Splits of this request: ranges over ns = atom::request_splits (decode_mma.hip); splits ns..
   // get empty ranges (an early return here costs the FP8 variants spills).
-  const int ns = atom::request_splits(main_len, num_splits, min_split_keys, fill_splits, long_split_keys);
+  const int ns = atom::request_splits(main_len, num_splits, min_split_keys, fill_splits, long_split_keys,
+                                       split_ctas, split_slots, wave_fill);
   const int n_sink = (window > 0 && s == 0) ? imin(sink_tokens, lo) : 0;
   const int per = (main_len + ns - 1) / ns;
   const int st = imin(lo + s * per, sk > lo ? sk : lo);

@@ -215,7 +215,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     float* __restrict__ lse_out, const float* __restrict__ sinks, int total_q, int num_q_heads,
     int num_kv_heads, int group, int row_blocks, int num_splits, int block_size, unsigned int bs_magic, int bs_shift,
     float q_scale, float softcap_l2e, float inv_softcap, int window, int sink_tokens, int min_split_keys,
-    int fill_splits, int long_split_keys, int* __restrict__ sem, int balanced) {
+    int fill_splits, int long_split_keys, int split_ctas, int split_slots, int wave_fill, int* __restrict__ sem,
+    int balanced) {
   using namespace atom_dmma;
   using atom::mma::mma;
   typedef atom::mma::acc_t acc_t;
@@ -282,7 +283,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // request leaves splits ns.. idle. An idle split returns at once: with the combine kernel to
   // follow (no `out`) it writes an empty split's partials (o = 0, lse = -inf); with `out` the
   // request's first CTA writes the answer (ns == 1) or its last active CTA combines ns partials.
-  const int ns = atom::request_splits(main_len, num_splits, min_split_keys, fill_splits, long_split_keys);
+  const int ns = atom::request_splits(main_len, num_splits, min_split_keys, fill_splits, long_split_keys,
+                                       split_ctas, split_slots, wave_fill);
   if (s >= ns) {
     if (out == nullptr) {
       const int rows = imin(M, sq * group - rb * M);
