@@ -354,13 +354,13 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         md = AtomMetadata(
             num_actual_tokens=cm.num_actual_tokens, plan=p,
             num_splits=int(p.num_splits) if split_context is None else _planner.decode_splits(
-                len(p.decode), split_context, self.facts, self.platform, self.config),
+                len(p.decode), split_context, self.facts, self.platform, self.config, p.split_rule),
             decode=self._route(cm, p.decode, p.decode_path.value, qsl, new, total),
             varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True),
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
             decode_balanced=False if self.config.deterministic_decode else None,
-            split_rule=_planner.decode_split_rule(len(p.decode), self.facts, self.platform, self.config),
+            split_rule=p.split_rule,
         )
         self._count(p, new, cached)
         return md

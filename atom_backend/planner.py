@@ -225,6 +225,26 @@ class PlannerConfig:
         )
 
 
+class SplitRule(NamedTuple):
+    """How many of a launch's S splits a decode request uses: the count ``decode_splits`` would
+    give a batch of requests of its length, decided per request on the device (every split
+    kernel and the reference apply ``request_splits``), so a CUDA graph sized for max_model_len
+    gives each request what an eager batch of its length gets. A tuple of six ints, in the
+    kernels' argument order; zeros (``SplitRule()``) use all S splits.
+
+    min_tokens: at most keys // min_tokens splits. fill: the fill target (0: no bound but
+    min_tokens). long_tokens: fill-target splits of more keys than this grow. ctas, slots,
+    wave_fill: CTAs per split, CTAs resident at once, and the % of its last wave a grown
+    count's CTAs must fill."""
+
+    min_tokens: int = 0
+    fill: int = 0
+    long_tokens: int = 0
+    ctas: int = 0
+    slots: int = 0
+    wave_fill: int = 0
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """What to run for one batch. Request indices (int64 arrays) refer to the order given
@@ -247,11 +267,13 @@ class Plan:
     # Cost routing only: (prefill request indices, predicted varlen us, predicted unified us),
     # per layer, from the calibration table's grid (see atom_backend/kernels/cost.py).
     predictions: tuple | None = None
+    # How many of the num_splits each decode request uses, on the device (decode_split_rule).
+    split_rule: SplitRule = SplitRule()
 
     @classmethod
     def _make(cls, **fields) -> "Plan":
         """The planner's constructor: a frozen dataclass's __init__ sets each field through
-        object.__setattr__ (~3 us for these 15); filling __dict__ at once costs a fifth. Every
+        object.__setattr__ (~3 us for these 17); filling __dict__ at once costs a fifth. Every
         field is passed (plan() is the only caller)."""
         obj = object.__new__(cls)
         obj.__dict__.update(fields)
@@ -308,26 +330,6 @@ def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None
     if not platform.splitkv_kernel:
         return Reason.NO_KERNEL
     return _path_reason(platform.splitkv_caps, facts)
-
-
-class SplitRule(NamedTuple):
-    """How many of a launch's S splits a decode request uses: the count ``decode_splits`` would
-    give a batch of requests of its length, decided per request on the device (every split
-    kernel and the reference apply ``request_splits``), so a CUDA graph sized for max_model_len
-    gives each request what an eager batch of its length gets. A tuple of six ints, in the
-    kernels' argument order; zeros (``SplitRule()``) use all S splits.
-
-    min_tokens: at most keys // min_tokens splits. fill: the fill target (0: no bound but
-    min_tokens). long_tokens: fill-target splits of more keys than this grow. ctas, slots,
-    wave_fill: CTAs per split, CTAs resident at once, and the % of its last wave a grown
-    count's CTAs must fill."""
-
-    min_tokens: int = 0
-    fill: int = 0
-    long_tokens: int = 0
-    ctas: int = 0
-    slots: int = 0
-    wave_fill: int = 0
 
 
 def fills_last_wave(ctas: int, slots: int, fill: int) -> bool:
@@ -396,19 +398,20 @@ def decode_split_rule(num_decodes: int, facts: ModelFacts, platform: Platform, c
 
 
 def decode_splits(
-    num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig
+    num_decodes: int, max_context: int, facts: ModelFacts, platform: Platform, config: PlannerConfig,
+    rule: SplitRule | None = None,
 ) -> int:
     """The launch's splits S: request_splits of the batch's longest request under the batch's
     SplitRule, at most `max_splits`. H100 (docs/perf/decode.md, session 24, 110 shapes of 1-96
     requests x 512-128k keys): +0.54% (bf16) and +0.99% (FP8) over the best measured split
     count, geomean; +5.8% and +13.9% at worst. One count for the whole batch keeps the grid and
     the workspace shape fixed (CUDA graphs); each request then uses the count its own length is
-    worth, on the device."""
+    worth, on the device. `rule`: decode_split_rule of the batch when the caller has it."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # the split kernels divide the window's keys; sink tokens are not split
         max_context = min(max_context, facts.window + config.decode_max_query_tokens - 1)
-    return request_splits(max_context, config.max_splits, decode_split_rule(num_decodes, facts, platform, config))
+    return request_splits(max_context, config.max_splits, rule or decode_split_rule(num_decodes, facts, platform, config))
 
 
 def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],
@@ -518,11 +521,13 @@ def plan(
     else:
         max_ctx = decode_tokens = 0
         decode_reason = None
+    split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
     return Plan._make(
         decode=decode,
         decode_path=Path.SPLITKV if decode_reason is None else Path.UNIFIED,
         decode_reason=Reason.PREFERRED if decode_reason is None else decode_reason,
-        num_splits=decode_splits(n_dec, max_ctx, facts, platform, config),
+        num_splits=decode_splits(n_dec, max_ctx, facts, platform, config, split_rule),
+        split_rule=split_rule,
         varlen=varlen,
         unified=unified,
         unified_reasons=reasons,

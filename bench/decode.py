@@ -67,7 +67,7 @@ def build(batch: int, ctx: int, kv: str, seed: int = 0, placement: str = "shuffl
     elif kv == "fp8_page":
         scales = dict(k_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5,
                       v_descale=torch.rand((nb, HK), generator=g, device="cuda") + 0.5)
-    return dict(q=q, k=k, v=v, bt=bt, cu=cu, sl=sl, scales=scales, kv=kv)
+    return dict(q=q, k=k, v=v, bt=bt, cu=cu, sl=sl, scales=scales)
 
 
 def facts_for(kv: str) -> ModelFacts:
@@ -103,12 +103,10 @@ def run_ours(c, splits, tune=None, with_combine=True, impl=None):
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, out=out, workspace=ws, impl=impl,
-                                  **c["scales"])
+                                  num_splits=splits, out=out, workspace=ws, impl=impl, **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl,
-                                    **c["scales"])
+                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **c["scales"])
 
     return fn
 
@@ -200,7 +198,7 @@ def main(argv=None) -> None:
     sms = props.multi_processor_count
     bw = copy_bandwidth()
     print(f"# device {props.name}, {sms} SMs; copy bandwidth (read + write) {bw / 1e9:.0f} GB/s")
-    platform = platform_for("sm_90a", num_sms=sms, use_tables=False)
+    platform = platform_here()
     cfg = PlannerConfig()
     rows = []
 

@@ -8,9 +8,9 @@ variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DR
 the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
 pages). `variants`, `layout`: split counts, cache layouts. `capture_splits`: the split count a
 vLLM decode graph keeps (sized for a long max_model_len) against the eager planner's, on short
-contexts. `split_grid`: every power-of-two split
-count over batch sizes x context lengths (JSON rows for the split rule). `fused_combine`: balanced splits combined
-by their last CTA against the combine kernel. Host cost per call: `bench.host`.
+contexts. `split_grid`: power-of-two split counts and the planner's over batch sizes x context
+lengths (JSON rows, the planner's loss against the best count). `fused_combine`: balanced splits
+combined by their last CTA against the combine kernel. Host cost per call: `bench.host`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import os
 
 import torch
 
-from bench.decode import HK, HQ, D, SHAPES, bench_ms, build, kv_bytes, run_ours, sdpa_fns, copy_bandwidth
+from bench.decode import (HK, HQ, D, SHAPES, bench_ms, build, copy_bandwidth, facts_for, kv_bytes, platform_here,
+                          run_ours, sdpa_fns)
 from atom_backend.planner import PlannerConfig, decode_split_rule, decode_splits
 
 
@@ -36,8 +37,6 @@ def kernel_defines(tune) -> dict:
 
 
 def planned_splits(b, ctx, case="bf16"):
-    from bench.decode import facts_for, platform_here
-
     return decode_splits(b, ctx, facts_for(KV_KINDS[case]), platform_here(), PlannerConfig())
 
 
@@ -243,8 +242,6 @@ def capture_splits():
 
 def split_rule(b, case="bf16"):
     """The backend's SplitRule for b decode requests of the benchmark model."""
-    from bench.decode import facts_for, platform_here
-
     return decode_split_rule(b, facts_for(KV_KINDS[case]), platform_here(), PlannerConfig())
 
 

@@ -28,8 +28,9 @@ instead, the count the planner would give a batch of its length; splits ns.. sta
 still gives a short request the splits its own length is worth.
 Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from DESIGN.md's contiguous
 ranges on purpose: a request's splits (when it uses all of the grid's) claim 16-key slices of its
-whole range at run time, so a partial covers the slices its CTA took (the combined attention is the same; its rounding varies
-from run to run, and ATOM_DETERMINISTIC_DECODE=1 / balanced=False restores fixed ranges).
+whole range at run time, so a partial covers the slices its CTA took (the combined attention is
+the same; its rounding varies from run to run, and ATOM_DETERMINISTIC_DECODE=1 / balanced=False
+restores fixed ranges).
 """
 
 from __future__ import annotations
