@@ -182,8 +182,8 @@ class PlannerConfig:
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
     max_splits: int = 64  # ATOM_MAX_SPLITS: cap (one FP8 request of 128k fills its 4 CTAs per SM at 64)
-    # ATOM_MIN_SPLIT_TOKENS: the most keys per split the split rule may ask for
-    # (request_split_tokens grows with the batch up to it)
+    # ATOM_MIN_SPLIT_TOKENS: cap of m, the fewest keys per split (request_split_tokens: 64 x
+    # isqrt(decode requests), at most this); a request of L keys takes at most L // m splits
     min_split_tokens: int = 256
     # ATOM_LONG_SPLIT_TOKENS: a request whose fill-target splits would hold more keys than this
     # takes more splits (whole waves of CTAs), one per this many keys at most
