@@ -153,11 +153,12 @@ SWEEP = {
 }
 
 
-# Hopper wgmma tile shapes (num_warps = 4 x warpgroups, block_n, stages); timed with --sweep on sm_90a.
-WG_SWEEP = {128: [C(8, 64, 3, wgmma=True), C(12, 64, 2, wgmma=True), C(8, 64, 3, wgmma=True, producer=True),
-                  C(8, 64, 4, wgmma=True, producer=True), C(8, 128, 2, wgmma=True, producer=True)],
-            64: [C(8, 64, 2, wgmma=True), C(8, 128, 2, wgmma=True), C(8, 64, 3, wgmma=True, producer=True),
-                 C(8, 64, 4, wgmma=True, producer=True), C(8, 128, 2, wgmma=True, producer=True)]}
+# Hopper kernel shapes (num_warps = 4 x consumer warpgroups, block_n, stages); timed with --sweep
+# on sm_90a. "v1" is the previous wgmma kernel (cp.async, block barrier per tile) while it lasts.
+WG_SWEEP = {128: [C(8, 128, 2, wgmma=True, pingpong=False), C(8, 64, 2, wgmma=True), C(8, 64, 3, wgmma=True),
+                  C(8, 128, 3, extra=(("WGMMA", 1),))],
+            64: [C(8, 128, 2, wgmma=True, pingpong=False), C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True),
+                 C(12, 128, 2, wgmma=True), C(12, 64, 3, wgmma=True), C(8, 64, 3, extra=(("WGMMA", 1),))]}
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):
@@ -219,8 +220,9 @@ def main(argv=None):
             if (args.sweep or args.wg_sweep) and d in WG_SWEEP:
                 for cfg in WG_SWEEP[d]:
                     prefill.WGMMA_CONFIGS = {**wg, d: cfg}
+                    name = ("ours hopper" if cfg.wgmma else "ours v1-wgmma") + f" w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}"
                     measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
-                            f"ours wgmma w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}" + (" +producer" if cfg.producer else ""))
+                            name + ("" if cfg.pingpong or not cfg.wgmma else " no-pingpong"))
                 prefill.WGMMA_CONFIGS = wg
         if args.sweep and label in SWEEP_SHAPES:
             base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)

@@ -30,6 +30,8 @@ import torch
 
 SOURCE = "varlen_prefill.hip"
 KERNEL = "varlen_prefill"
+HOPPER_SOURCE = "varlen_prefill_hopper.hip"
+HOPPER_KERNEL = "varlen_prefill_hopper"
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 _LOG2E = 1.4426950408889634
@@ -45,21 +47,23 @@ class Config:
     warp_m_tiles: int = 1  # 16-row tiles per warp: >1 reuses each K/V fragment for more rows
     exp_poly: int = 0  # key groups (of block_n / 16) whose exp2 runs on the FMA pipe
     extra: tuple = ()  # further (name, value) defines: bench experiments only
-    wgmma: bool = False  # Hopper warpgroup MMAs (num_warps / 4 warpgroups of 64 rows; sm_90a only)
-    producer: bool = False  # wgmma only: + one warp that does every copy (mbarrier ring, no block barrier)
+    # The Hopper kernel (src/varlen_prefill_hopper.hip, sm_90a only): num_warps / 4 consumer
+    # warpgroups of 64 rows, plus a producer warpgroup; persistent grid.
+    wgmma: bool = False
+    pingpong: bool = True  # Hopper: consumer warpgroups take turns to issue their MMAs
 
     @property
     def block_m(self) -> int:
         return 16 * self.warp_m_tiles * self.num_warps
 
     def smem_bytes(self, head_dim: int) -> int:
-        # Q tile + `stages` K tiles + `stages` V tiles; wgmma's swizzle atoms need 1024-byte
-        # alignment, which the kernel gets by rounding up inside 1024 bytes of slack.
-        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if self.wgmma else 0) \
-            + (256 if self.producer else 0)  # the ring's mbarriers
+        if self.wgmma:  # Q, O staging, K and V rings; 1024 bytes of slack for the swizzle
+            return 2 * head_dim * (2 * self.block_m + 2 * self.stages * self.block_n) + 1024 + 256  # + mbarriers
+        # Q tile, K and V rings (+ slack for the first wgmma kernel, a bench reference while it lasts)
+        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
 
     def threads(self, warp_size: int) -> int:
-        return (self.num_warps + int(self.producer)) * warp_size
+        return (self.num_warps + (4 if self.wgmma else 0)) * warp_size
 
 
 # Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: ~245 (d=64, two
@@ -69,10 +73,10 @@ CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
 SMALL_WINDOW = 1024
 WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
-# Hopper (sm_90a): two warpgroups x 64 rows, wgmma with K/V tiles straight from shared
-# memory (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without
-# knowing the device stays valid. Small windows keep WINDOW_CONFIGS.
-WGMMA_CONFIGS = {64: Config(8, 64, 3, wgmma=True), 128: Config(8, 128, 3, wgmma=True)}
+# Hopper (sm_90a): the warp-specialized TMA kernel, two consumer warpgroups x 64 rows
+# (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without knowing the
+# device stays valid. Small windows keep WINDOW_CONFIGS.
+WGMMA_CONFIGS = {64: Config(8, 128, 2, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
 
 
@@ -107,14 +111,22 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
     from hip_kernels.runtime import Variant
 
     cfg = cfg or CONFIGS[head_dim]
+    if cfg.wgmma:
+        if cfg.num_warps % 4 or cfg.warp_m_tiles != 1 or cfg.exp_poly:
+            raise ValueError(f"Hopper prefill config {cfg}: whole warpgroups, one row tile per warp")
+        return Variant(HOPPER_SOURCE, HOPPER_KERNEL,
+                       {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
+                        "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
+                        "PINGPONG": int(cfg.pingpong), **dict(cfg.extra)})
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
-    if cfg.wgmma:
-        defines["WGMMA"] = 1
-    if cfg.producer:
-        defines["WS"] = 1
     return Variant(SOURCE, KERNEL, defines)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def variants() -> list:
@@ -262,6 +274,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         a, c = scale / softcap, softcap * _LOG2E
     else:
         a, c = scale * _LOG2E, 0.0
+    if cfg.wgmma:
+        from hip_kernels import tma
+
+        # Persistent: one CTA per SM walks the (item, head) units.
+        grid = min(n_y * hq, _num_sms(q.device))
+        kern(grid, cfg.threads(wsize),
+             tma.packed_rows_map(q, cfg.block_m), tma.packed_rows_map(k, cfg.block_n),
+             tma.packed_rows_map(v, cfg.block_n), out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
+             out.stride(0), out.stride(1), n_y, hq, batch, hq // hk, max_tiles, int(causal), window, sink_tokens,
+             runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d))
+        return (out, lse) if return_lse else out
     kern((hq, n_y), cfg.threads(wsize),
          q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
          q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),

@@ -711,18 +711,38 @@ def _f32_bits(x: float) -> int:
     return _U32.unpack(_F32.pack(x))[0]
 
 
+class Blob:
+    """A by-value kernel parameter wider than a slot (a CUDA tensor map: 128 bytes, 64-byte
+    aligned). The driver copies it at launch from this object's aligned buffer."""
+
+    __slots__ = ("_raw", "addr", "data")
+
+    def __init__(self, data: bytes, align: int = 64):
+        self._raw = ctypes.create_string_buffer(len(data) + align)
+        self.addr = (ctypes.addressof(self._raw) + align - 1) & ~(align - 1)
+        ctypes.memmove(self.addr, data, len(data))
+        self.data = bytes(data)
+
+
 def _pack_args(args: Iterable[Any], kernel_name: str):
     """ctypes (slots, pointer array): every argument gets its own 8-byte slot, in this thread's
-    buffer for that many arguments."""
-    vals = _arg_values(args, kernel_name)
+    buffer for that many arguments; a Blob's pointer goes to the Blob's own bytes (in a fresh
+    pointer array, so the shared one keeps pointing at its slots)."""
+    blobs: list = []
+    vals = _arg_values(args, kernel_name, blobs)
     slots, ptrs, packer = _arg_buffer(len(vals))
     packer.pack_into(slots, 0, *vals)
+    if blobs:
+        ptrs = (ctypes.c_void_p * len(vals))(*ptrs)
+        for i, b in blobs:
+            ptrs[i] = b.addr
     return slots, ptrs
 
 
-def _arg_values(args: Iterable[Any], kernel_name: str) -> list[int]:
+def _arg_values(args: Iterable[Any], kernel_name: str, blobs: list | None = None) -> list[int]:
     """Each argument as the 64-bit slot value the kernel reads. Exact types are checked first:
-    a decode step packs ~45 arguments per layer."""
+    a decode step packs ~45 arguments per layer. Blobs are collected into `blobs` as
+    (index, Blob); their slot holds 0."""
     import torch
 
     vals = []
@@ -736,6 +756,11 @@ def _arg_values(args: Iterable[Any], kernel_name: str) -> list[int]:
             vals.append(_f32_bits(a))
         elif isinstance(a, torch.Tensor):
             vals.append(a.data_ptr())
+        elif t is Blob:
+            if blobs is None:
+                raise TypeError(f"{kernel_name}: argument {i} is a Blob; this launch path packs slots only")
+            blobs.append((i, a))
+            vals.append(0)
         elif isinstance(a, bool):
             raise TypeError(f"{kernel_name}: argument {i} is a bool; pass i32(...) explicitly")
         elif isinstance(a, int):

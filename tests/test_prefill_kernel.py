@@ -106,17 +106,20 @@ def test_vs_reference(name, dtype, path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [(8, 64, 3, False), (8, 128, 3, False), (8, 64, 2, False), (12, 64, 2, False),
-                                 (8, 64, 3, True), (8, 64, 4, True), (8, 128, 2, True)],
-                         ids=lambda c: "w{}n{}s{}".format(*c[:3]) + ("p" if c[3] else ""))
+@pytest.mark.parametrize("cfg", [(8, 128, 2, True), (8, 128, 2, False), (8, 64, 2, True), (8, 64, 3, True),
+                                 (12, 128, 2, True), (12, 64, 3, True)],
+                         ids=lambda c: "w{}n{}s{}".format(*c[:3]) + ("" if c[3] else "-nopingpong"))
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks",
                                   "empty_seqs", "tile_edges_d64", "window_large_tile"])
 def test_wgmma_tile_configs(name, cfg, monkeypatch):
-    # Every wgmma tile shape that bench --sweep times stays correct (K/V tiles of 64 or 128 keys,
-    # rings of 2-4 stages, 2 or 3 warpgroups, with and without the producer warp).
+    # Every Hopper tile shape that bench --sweep times stays correct (K/V tiles of 64 or 128 keys,
+    # rings of 2-3 stages, 2 or 3 consumer warpgroups, with and without ping-pong turns).
     seqs, hq, hk, d, kw = CASES[name]
     _force_path("wgmma", monkeypatch)
-    monkeypatch.setitem(prefill.WGMMA_CONFIGS, d, prefill.Config(*cfg[:3], wgmma=True, producer=cfg[3]))
+    c = prefill.Config(*cfg[:3], wgmma=True, pingpong=cfg[3])
+    if c.smem_bytes(d) > 227 * 1024:
+        pytest.skip(f"{c} needs {c.smem_bytes(d)} bytes of shared memory at d={d}")
+    monkeypatch.setitem(prefill.WGMMA_CONFIGS, d, c)
     if not _is_wgmma(d, kw.get("window", 0)):
         pytest.skip("no wgmma on this device")
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=5)

@@ -331,6 +331,17 @@ struct sw128 {
   }
 };
 
+// A CUDA tensor map (CUtensorMap): 128 opaque bytes, 64-byte aligned. Declared for every target
+// so that kernels taking one keep one signature; only ATOM_HAS_WGMMA code reads it.
+struct alignas(64) tma_desc {
+  u64 w[16];
+};
+#if ATOM_NVIDIA
+#define ATOM_GRID_CONSTANT __grid_constant__  // a by-value parameter the kernel may take the address of
+#else
+#define ATOM_GRID_CONSTANT
+#endif
+
 #if ATOM_HAS_WGMMA
 // Descriptor fields (16-byte units): start address [0,14), leading byte offset [16,30), stride byte
 // offset [32,46), layout [62,64) (1 = 128-byte swizzle).
@@ -385,6 +396,31 @@ ATOM_DEV void mbar_wait(u64* bar, int parity) {
   asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
                ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
+
+// Bulk tensor copies (TMA): one thread moves a whole box of a tensor described by a 128-byte
+// tensor map (encoded on the host, passed as a __grid_constant__ kernel parameter) into shared
+// memory and signals an mbarrier with the bytes it wrote; rows past the tensor are zero-filled.
+// With the map's 128-byte swizzle a box of [rows][64] 16-bit elements lands in sw128 layout.
+ATOM_DEV void tma_prefetch_desc(const tma_desc* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+ATOM_DEV void tma_load_3d(void* dst, const tma_desc* map, u64* bar, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+               ::"r"(smem_addr(dst)), "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// The producer's arrival on a full barrier, announcing the bytes its copies will deliver.
+ATOM_DEV void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Arrival on hardware barrier `id` without waiting (the other side bar_sync()s on it).
+ATOM_DEV void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+// Moves registers between warpgroups (whole warpgroup, kernel launched with a register cap):
+// data movers give theirs up, the math warpgroups take them.
+template <int N>
+ATOM_DEV void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+ATOM_DEV void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // Pins register values around async MMAs (the compiler must not move their reads or writes
 // across a wait).

@@ -1,0 +1,55 @@
+// Pieces every varlen prefill body shares (varlen_prefill.hip, varlen_prefill_hopper.hip): which
+// KV tiles a block of query rows visits, which elements of a tile are visible (DESIGN.md), and
+// the soft-cap. Bodies differ in how they move and multiply tiles, never in these rules.
+#pragma once
+
+#include "atom_device.h"
+
+namespace atom_prefill {
+
+using namespace atom;
+
+ATOM_DEV int imin(int a, int b) { return a < b ? a : b; }
+ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
+
+// The KV tiles (of BN keys) that query rows [m0, m0 + rows) of a request with sq queries and sk
+// keys can see: the StreamingLLM sink-token tiles first, then the causal / window band. Work is
+// proportional to visible pairs: fully masked tiles are never visited.
+struct kv_walk {
+  int n_sink, first, n_iter;
+  ATOM_DEV kv_walk(int sq, int sk, int m0, int rows, int bn, bool causal, int window, int sink_tokens) {
+    const int off = sk - sq;  // query row i sits at key position off + i
+    const int p_first = off + m0, p_last = off + imin(m0 + rows, sq) - 1;
+    const int hi_key = causal ? imin(sk, p_last + 1) : sk;
+    const int lo_key = window > 0 ? imax(0, p_first - window + 1) : 0;
+    int last = 0;
+    n_sink = first = 0;
+    if (hi_key > 0) {
+      last = (hi_key + bn - 1) / bn;
+      n_sink = (window > 0 && sink_tokens > 0) ? imin((sink_tokens + bn - 1) / bn, last) : 0;
+      first = imax(n_sink, lo_key / bn);
+    }
+    n_iter = n_sink + imax(0, last - first);
+  }
+  ATOM_DEV int tile(int it) const { return it < n_sink ? it : first + (it - n_sink); }
+};
+
+// Key j is visible from the query at position p (DESIGN.md "Visibility").
+ATOM_DEV bool visible(int j, int p, int sk, bool causal, int window, int sink_tokens) {
+  return j < sk && (!causal || j <= p) && (window <= 0 || j > p - window || j < sink_tokens);
+}
+// Some key of [j0, j1) is masked for some query of positions [p_first, p_last].
+ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, bool causal, int window,
+                              int sink_tokens) {
+  return j1 > sk || (causal && j1 - 1 > p_first) || (window > 0 && j0 <= p_last - window && j1 > sink_tokens);
+}
+
+// c * tanh(x) with tanh from exp2 (|error| ~1e-6 relative, far under bf16 rounding).
+ATOM_DEV float softcap_fn(float x, float c) {
+  const float ax = fmin_(x < 0.f ? -x : x, 15.f);
+  const float e = exp2_(ax * (2.f * kLog2e));
+  const float t = 1.f - 2.f / (e + 1.f);
+  return c * (x < 0.f ? -t : t);
+}
+
+}  // namespace atom_prefill
