@@ -153,12 +153,13 @@ SWEEP = {
 }
 
 
-# Hopper kernel shapes (num_warps = 4 x consumer warpgroups, block_n, stages); timed with --sweep
-# on sm_90a. "v1" is the previous wgmma kernel (cp.async, block barrier per tile) while it lasts.
-WG_SWEEP = {128: [C(8, 128, 2, wgmma=True, pingpong=False), C(8, 64, 2, wgmma=True), C(8, 64, 3, wgmma=True),
-                  C(8, 128, 3, extra=(("WGMMA", 1),))],
-            64: [C(8, 128, 2, wgmma=True, pingpong=False), C(8, 64, 3, wgmma=True), C(8, 128, 3, wgmma=True),
-                 C(12, 128, 2, wgmma=True), C(12, 64, 3, wgmma=True), C(8, 64, 3, extra=(("WGMMA", 1),))]}
+# Hopper kernel variants timed with --wg-sweep on sm_90a: (config, GQA packing).
+def _h(w, n, s, pack=True, **kw):
+    return C(w, n, s, wgmma=True, **kw), pack
+
+
+WG_SWEEP = {128: [_h(8, 128, 2, q_stages=1), _h(8, 128, 2, False), _h(8, 128, 2, pingpong=False), _h(8, 64, 2)],
+            64: [_h(12, 128, 3, False), _h(12, 128, 2), _h(8, 128, 2), _h(4, 64, 3)]}
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):
@@ -212,18 +213,24 @@ def main(argv=None):
             okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
-        wg = prefill.WGMMA_CONFIGS
+        wg, wgw = prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS
         if prefill.config_for(d, kw.get("window", 0), prefill._default_arch()).wgmma:
-            prefill.WGMMA_CONFIGS = {}  # the portable mma.sync kernel on the same device
+            prefill.WGMMA_CONFIGS = prefill.WGMMA_WINDOW_CONFIGS = {}  # the portable mma.sync kernel
             measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(mma.sync)")
-            prefill.WGMMA_CONFIGS = wg
+            prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS = wg, wgw
+            prefill.WORK_ORDER = "cost"
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(cost order)")
+            prefill.WORK_ORDER, prefill.SCHEDULER = "request", "static"
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(static schedule)")
+            prefill.SCHEDULER = "dynamic"
             if (args.sweep or args.wg_sweep) and d in WG_SWEEP:
-                for cfg in WG_SWEEP[d]:
-                    prefill.WGMMA_CONFIGS = {**wg, d: cfg}
-                    name = ("ours hopper" if cfg.wgmma else "ours v1-wgmma") + f" w{cfg.num_warps} n{cfg.block_n} s{cfg.stages}"
-                    measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
-                            name + ("" if cfg.pingpong or not cfg.wgmma else " no-pingpong"))
-                prefill.WGMMA_CONFIGS = wg
+                for cfg, pack in WG_SWEEP[d]:
+                    prefill.WGMMA_CONFIGS, prefill.PACK_GQA = {**wg, d: cfg}, pack
+                    prefill.WGMMA_WINDOW_CONFIGS = {**wgw, d: cfg}
+                    name = f"hopper w{cfg.num_warps} n{cfg.block_n} s{cfg.stages} q{cfg.q_stages}" + ("" if pack else " no-pack") \
+                        + ("" if cfg.pingpong else " no-pingpong") + "".join(f" {k}={v}" for k, v in cfg.extra)
+                    measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, name)
+                prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.PACK_GQA = wg, wgw, True
         if args.sweep and label in SWEEP_SHAPES:
             base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)
             prefill.WGMMA_CONFIGS = {}

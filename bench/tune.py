@@ -5,7 +5,8 @@ than one, over a shape grid, and write ``atom_backend/tables/tuning_<arch>.json`
 
 Kernels with candidates: ``varlen_prefill`` per (head dim, window class): "full" (causal, no or
 a long window: ``prefill.CONFIGS``) and "small" (sliding window <= ``prefill.SMALL_WINDOW``:
-``WINDOW_CONFIGS``), and on Hopper "wgmma" (``WGMMA_CONFIGS``, which replaces "full" there).
+``WINDOW_CONFIGS``), and on Hopper "wgmma" / "wgmma_small" (``WGMMA_CONFIGS`` /
+``WGMMA_WINDOW_CONFIGS``: the Hopper kernel, which replaces "full" / "small" there).
 Every candidate is compiled first (one that does not compile is listed
 with its error and skipped), checked against the declared default's output on the first shape
 (max abs difference <= 2e-2 on bf16: a wrong-but-fast tile never wins), then timed on every
@@ -33,8 +34,12 @@ MIN_GAIN = 1.03
 
 def candidates(prefill, d: int, cls: str) -> list:
     C = prefill.Config
-    if cls == "wgmma":  # two warpgroups (BLOCK_M 128, what host work lists assume)
-        return list(dict.fromkeys([prefill.WGMMA_CONFIGS[d]] + [C(8, n, s, wgmma=True) for n in (64, 128) for s in (2, 3)]))
+    if cls in ("wgmma", "wgmma_small"):  # consumer warpgroups x K/V tile x stages x Q buffers
+        declared = (prefill.WGMMA_CONFIGS if cls == "wgmma" else prefill.WGMMA_WINDOW_CONFIGS)[d]
+        grid = [C(w, n, s, wgmma=True, q_stages=qs) for w in ((8, 12) if cls == "wgmma" else (4, 8, 12))
+                for n in ((64, 128) if cls == "wgmma" else (64,)) for s in (2, 3) for qs in (1, 2)]
+        fits = [c for c in grid if c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024]
+        return list(dict.fromkeys([declared] + fits))
     declared = [prefill.CONFIGS.get(d), getattr(prefill, "WINDOW_CONFIGS", {}).get(d)]
     extra = {64: [C(4, 64, 2, 2), C(4, 64, 3, 1), C(8, 64, 2, 2), C(4, 64, 3, 2), C(4, 64, 2, 1), C(4, 32, 3, 2)],
              128: [C(8, 64, 3), C(4, 64, 3), C(8, 64, 2), C(8, 32, 3, 2), C(4, 32, 3, 2)],
@@ -86,10 +91,11 @@ def main(argv=None) -> dict:
     for (d, cls), cfg in base.items():
         tuning.module_table(cls)[d] = cfg
     hopper = arch in prefill.WGMMA_ARCHS
-    classes = ("full", "small") + (("wgmma",) if hopper else ())
-    # on Hopper the wgmma tile replaces "full" where it exists: "full" candidates would not run
+    classes = ("full", "small") + (("wgmma", "wgmma_small") if hopper else ())
+    # on Hopper the Hopper tiles replace "full" / "small" where they exist: those would not run
+    replaced = {"full": prefill.WGMMA_CONFIGS, "small": prefill.WGMMA_WINDOW_CONFIGS}
     plan = [(d, cls) for d in head_dims for cls in classes
-            if (d, cls) in base and not (hopper and cls == "full" and d in prefill.WGMMA_CONFIGS)]
+            if (d, cls) in base and not (hopper and d in replaced.get(cls, {}))]
     # compile every candidate first, in parallel (both dtypes are not needed: bf16 only)
     jobs = {}
     for d, cls in plan:

@@ -51,16 +51,21 @@ class Config:
     # warpgroups of 64 rows, plus a producer warpgroup; persistent grid.
     wgmma: bool = False
     pingpong: bool = True  # Hopper: consumer warpgroups take turns to issue their MMAs
+    q_stages: int = 2  # Hopper: Q buffers (2: the next work unit's Q loads during this one)
 
     @property
     def block_m(self) -> int:
         return 16 * self.warp_m_tiles * self.num_warps
 
     def smem_bytes(self, head_dim: int) -> int:
-        if self.wgmma:  # Q, O staging, K and V rings; 1024 bytes of slack for the swizzle
-            return 2 * head_dim * (2 * self.block_m + 2 * self.stages * self.block_n) + 1024 + 256  # + mbarriers
+        if self.wgmma:  # Q ring, O staging, K and V rings; 1024 bytes of slack for the swizzle, mbarriers
+            return 2 * head_dim * ((self.q_stages + 1) * self.block_m + 2 * self.stages * self.block_n) + 1024 + 512
         # Q tile, K and V rings (+ slack for the first wgmma kernel, a bench reference while it lasts)
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
+
+    @property
+    def ctas_per_sm(self) -> int:  # the Hopper kernel with one consumer warpgroup fits two per SM
+        return 2 if self.wgmma and self.num_warps == 4 else 1
 
     def threads(self, warp_size: int) -> int:
         return (self.num_warps + (4 if self.wgmma else 0)) * warp_size
@@ -76,16 +81,24 @@ WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
 # Hopper (sm_90a): the warp-specialized TMA kernel, two consumer warpgroups x 64 rows
 # (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without knowing the
 # device stays valid. Small windows keep WINDOW_CONFIGS.
-WGMMA_CONFIGS = {64: Config(8, 128, 2, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
+WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
+# Small windows on Hopper: K/V tiles of 64 keys (a row tile sees about BLOCK_M / G + W keys).
+WGMMA_WINDOW_CONFIGS = {64: Config(12, 64, 3, wgmma=True, q_stages=1), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
+PACK_GQA = True  # gqa_pack; False: one query head per tile (bench comparison)
+SCHEDULER = "dynamic"  # Hopper: units claimed from a counter as CTAs free up, or "static" round robin
+WORK_ORDER = "request"  # work_items: "request" (grouped, L2-friendly) or "cost" (longest first overall)
 
 
 def config_for(head_dim: int, window: int = 0, arch: str | None = None) -> Config:
     """The tile shape a launch with this head dim and window uses on `arch` (None: portable)."""
-    if 0 < window <= SMALL_WINDOW and head_dim in WINDOW_CONFIGS:
+    small = 0 < window <= SMALL_WINDOW
+    if arch in WGMMA_ARCHS:
+        table = WGMMA_WINDOW_CONFIGS if small else WGMMA_CONFIGS
+        if head_dim in table:
+            return table[head_dim]
+    if small and head_dim in WINDOW_CONFIGS:
         return WINDOW_CONFIGS[head_dim]
-    if arch in WGMMA_ARCHS and head_dim in WGMMA_CONFIGS:
-        return WGMMA_CONFIGS[head_dim]
     return CONFIGS[head_dim]
 
 
@@ -117,11 +130,22 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
         return Variant(HOPPER_SOURCE, HOPPER_KERNEL,
                        {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                         "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-                        "PINGPONG": int(cfg.pingpong), **dict(cfg.extra)})
+                        "PINGPONG": int(cfg.pingpong and cfg.num_warps >= 8), "Q_STAGES": cfg.q_stages,
+                        **dict(cfg.extra)})
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
     return Variant(SOURCE, KERNEL, defines)
+
+
+def gqa_pack(cfg: Config, q_per_kv: int) -> int:
+    """Query heads per KV head that the Hopper kernel packs into one row tile (1: none). Packing
+    turns a work item's tile of BLOCK_M tokens x 1 head into q_per_kv sub-tiles of
+    BLOCK_M / q_per_kv tokens x q_per_kv heads: the same work items, but a request with few new
+    tokens fills q_per_kv times more MMA rows."""
+    if cfg.wgmma and PACK_GQA and 1 < q_per_kv <= 16 and cfg.block_m % q_per_kv == 0:
+        return q_per_kv
+    return 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,7 +155,8 @@ def _num_sms(device) -> int:
 
 def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
-    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items())
+    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items()) \
+        + list(WGMMA_WINDOW_CONFIGS.items())
     return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)]
 
 
@@ -154,7 +179,15 @@ def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, wind
             lo = max(0, p_first - window + 1) if window > 0 else 0
             keys = max(0, hi - lo) + (min(sink_tokens, lo) if window > 0 else 0)
             items.append((keys, b, t))
-    items.sort(key=lambda x: -x[0])
+    if WORK_ORDER == "request":
+        # Requests longest first, each request's tiles together (longest first): the CTAs running
+        # at one time read one request's K/V, which stays in L2.
+        top = {}
+        for keys, b, _ in items:
+            top[b] = max(top.get(b, 0), keys)
+        items.sort(key=lambda x: (-top[x[1]], x[1], -x[0]))
+    else:
+        items.sort(key=lambda x: -x[0])
     out = torch.tensor([(b, t) for _, b, t in items], dtype=torch.int32)
     return out.reshape(-1, 2)
 
@@ -276,14 +309,17 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         a, c = scale * _LOG2E, 0.0
     if cfg.wgmma:
         from hip_kernels import tma
+        from hip_kernels.decode import semaphores  # per-stream zeroed counters, left zeroed
 
-        # Persistent: one CTA per SM walks the (item, head) units.
-        grid = min(n_y * hq, _num_sms(q.device))
+        # Persistent: one CTA per SM walks the hq units of every work item.
+        grid = min(-(-n_y * hq // 2), _num_sms(q.device) * cfg.ctas_per_sm)  # units go in pairs
+        pack = gqa_pack(cfg, hq // hk)
         kern(grid, cfg.threads(wsize),
-             tma.packed_rows_map(q, cfg.block_m), tma.packed_rows_map(k, cfg.block_n),
-             tma.packed_rows_map(v, cfg.block_n), out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
+             tma.packed_rows_map(q, cfg.block_m // pack, pack), tma.packed_rows_map(k, cfg.block_n),
+             tma.packed_rows_map(v, cfg.block_n), out, lse, cu_seqlens_q, cu_seqlens_k, work,
+             semaphores(q.device, 2) if SCHEDULER == "dynamic" else None, sinks,
              out.stride(0), out.stride(1), n_y, hq, batch, hq // hk, max_tiles, int(causal), window, sink_tokens,
-             runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d))
+             pack, runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d))
         return (out, lse) if return_lse else out
     kern((hq, n_y), cfg.threads(wsize),
          q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,

@@ -87,6 +87,7 @@ def _force_path(path, monkeypatch):
         monkeypatch.setattr(prefill, "SMALL_WINDOW", 0)
     else:
         monkeypatch.setattr(prefill, "WGMMA_CONFIGS", {})
+        monkeypatch.setattr(prefill, "WGMMA_WINDOW_CONFIGS", {})
 
 
 def _is_wgmma(d, window=0) -> bool:
@@ -107,18 +108,19 @@ def test_vs_reference(name, dtype, path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [(8, 128, 2, True), (8, 128, 2, False), (8, 64, 2, True), (8, 64, 3, True),
-                                 (12, 128, 2, True), (12, 64, 3, True)],
+                                 (12, 128, 2, True), (12, 64, 3, True), (4, 64, 3, False), (4, 64, 2, False)],
                          ids=lambda c: "w{}n{}s{}".format(*c[:3]) + ("" if c[3] else "-nopingpong"))
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks",
                                   "empty_seqs", "tile_edges_d64", "window_large_tile"])
 def test_wgmma_tile_configs(name, cfg, monkeypatch):
     # Every Hopper tile shape that bench --sweep times stays correct (K/V tiles of 64 or 128 keys,
-    # rings of 2-3 stages, 2 or 3 consumer warpgroups, with and without ping-pong turns).
+    # rings of 2-3 stages, 1 (two CTAs per SM), 2 or 3 consumer warpgroups, with and without
+    # ping-pong turns).
     seqs, hq, hk, d, kw = CASES[name]
     _force_path("wgmma", monkeypatch)
     c = prefill.Config(*cfg[:3], wgmma=True, pingpong=cfg[3])
-    if c.smem_bytes(d) > 227 * 1024:
-        pytest.skip(f"{c} needs {c.smem_bytes(d)} bytes of shared memory at d={d}")
+    if c.smem_bytes(d) > 227 * 1024 or c.ctas_per_sm * (c.smem_bytes(d) + 1024) > 228 * 1024:
+        pytest.skip(f"{c} needs {c.smem_bytes(d)} bytes of shared memory per CTA at d={d}")
     monkeypatch.setitem(prefill.WGMMA_CONFIGS, d, c)
     if not _is_wgmma(d, kw.get("window", 0)):
         pytest.skip("no wgmma on this device")
@@ -140,6 +142,39 @@ def test_long_prefix_and_fresh_inputs(path, monkeypatch):
     # Several hundred KV tiles per CTA and a fresh seed: the ring's stage reuse over a long walk.
     _force_path(path, monkeypatch)
     _run_case([(256, 4096), (1000, 1000)], 8, 1, 128, {}, torch.bfloat16, use_work=False, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
+@pytest.mark.parametrize("d,hq,hk", [(128, 8, 2), (64, 16, 2)])
+def test_last_request_ends_at_allocation_end(path, d, hq, hk, monkeypatch):
+    # q, k, v, out and lse each exactly as long as the batch, so the last request's rows end at
+    # the end of their allocation (run under `compute-sanitizer --tool memcheck` with
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1 on the device: every tensor its own allocation). The TMA
+    # boxes of the last tiles reach past the end: those rows must read as zero and never be
+    # stored. Out and lse are also checked through a poisoned margin in a larger buffer.
+    _force_path(path, monkeypatch)
+    seqs = [(70, 70), (33, 200), (130, 130)]
+    q, k, v, cu_q, cu_k, sinks = make_inputs(seqs, hq, hk, d, torch.bfloat16, seed=11)
+    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k, sinks=sinks)
+    dev = "cuda"
+    qd, kd, vd, sd = q.to(dev), k.to(dev), v.to(dev), sinks.to(dev)
+    cq, ck = cu_q.to(dev), cu_k.to(dev)
+    kw = dict(max_seqlen_q=130, max_seqlen_k=200, sinks=sd)
+    out = torch.full_like(qd, float("nan"))
+    lse = torch.full((q.shape[0], hq), float("nan"), dtype=torch.float32, device=dev)
+    prefill.varlen_attention(qd, kd, vd, cq, ck, out=out, lse_out=lse, **kw)
+    margin = 64
+    out_big = torch.full((q.shape[0] + margin, hq, d), float("nan"), dtype=qd.dtype, device=dev)
+    lse_big = torch.full((q.shape[0] + margin, hq), float("nan"), dtype=torch.float32, device=dev)
+    q_big = torch.cat([qd, torch.randn(margin, hq, d, device=dev, dtype=qd.dtype)])
+    prefill.varlen_attention(q_big, kd, vd, cq, ck, out=out_big, lse_out=lse_big, **kw)
+    torch.cuda.synchronize()
+    for o, l in ((out, lse), (out_big[: q.shape[0]], lse_big[: q.shape[0]])):
+        assert_close(o.float().cpu(), o_ref, torch.bfloat16, "out")
+        assert_lse_close(l.cpu(), lse_ref, torch.bfloat16, "lse")
+    assert torch.isnan(out_big[q.shape[0]:]).all() and torch.isnan(lse_big[q.shape[0]:]).all(), \
+        "rows past the batch were written"
 
 
 @pytest.mark.gpu
@@ -229,18 +264,34 @@ def test_variants_cover_every_launch():
                 for code in (0, 1):
                     for sc in (False, True):
                         assert prefill._variant(d, code, sc, prefill.config_for(d, window, arch)).name in names
-    assert len(names) == len(prefill.variants()) == 28
+    assert len(names) == len(prefill.variants()) == 36
 
 
-def test_wgmma_only_on_hopper_and_same_block_m():
+def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():
     for d in (64, 128):
-        assert prefill.config_for(d, 0, "sm_90a").wgmma
-        assert not prefill.config_for(d, 0, "sm_80").wgmma and not prefill.config_for(d, 0, "gfx942").wgmma
-        assert not prefill.config_for(d, 128, "sm_90a").wgmma  # small windows: shorter row tiles
-        # a work list built where the device is unknown stays valid on Hopper
-        assert prefill.config_for(d, 0, "sm_90a").block_m == prefill.config_for(d, 0, None).block_m
+        for w in (0, 128, prefill.SMALL_WINDOW + 1):
+            assert prefill.config_for(d, w, "sm_90a").wgmma
+            assert not prefill.config_for(d, w, "sm_80").wgmma and not prefill.config_for(d, w, "gfx942").wgmma
+        # the host work list is cut in the BLOCK_M of the device it is built for
+        for arch in ("sm_90a", "sm_80"):
+            bm = prefill.config_for(d, 0, arch).block_m
+            items = prefill.work_items([1000], [1000], head_dim=d, arch=arch)
+            assert items.shape[0] == -(-1000 // bm) and sorted(items[:, 1].tolist()) == list(range(-(-1000 // bm)))
     assert not prefill.config_for(256, 0, "sm_90a").wgmma
-    assert prefill.WGMMA_CONFIGS[128].smem_bytes(128) <= 227 * 1024
+    for table in (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS):
+        for d, c in table.items():
+            assert c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024
+
+
+def test_gqa_pack_and_request_order():
+    c = prefill.WGMMA_CONFIGS[128]
+    assert prefill.gqa_pack(c, 4) == 4 and prefill.gqa_pack(c, 1) == 1
+    assert prefill.gqa_pack(c, 3) == 1  # BLOCK_M 128 is not a multiple of 3: no packing
+    assert prefill.gqa_pack(prefill.CONFIGS[128], 4) == 1  # the portable kernel never packs
+    # request order: each request's tiles together, requests by their longest tile
+    items = prefill.work_items([256, 512, 128], [256, 4096, 128], head_dim=128, arch="sm_80").tolist()
+    assert [b for b, _ in items] == [1, 1, 1, 1, 0, 0, 2]
+    assert [t for b, t in items if b == 1] == [3, 2, 1, 0]
 
 
 def _compile_or_skip(arch, variant):

@@ -1,15 +1,17 @@
 """Tile configurations from the per-arch tuning table (``bench.tune`` writes it).
 
 Kernels with more than one tile configuration: ``varlen_prefill``, one tile per head dim and
-window class: "full" (``prefill.CONFIGS``), "small" sliding windows (``prefill.WINDOW_CONFIGS``)
-and "wgmma", the Hopper tile that replaces "full" on sm_90a (``prefill.WGMMA_CONFIGS``).
+window class: "full" (``prefill.CONFIGS``), "small" sliding windows (``prefill.WINDOW_CONFIGS``),
+and on sm_90a the Hopper kernel's tiles that replace them: "wgmma" (``prefill.WGMMA_CONFIGS``)
+and "wgmma_small" (``prefill.WGMMA_WINDOW_CONFIGS``).
 ``apply(arch)`` puts the table's winners into those module tables
 (which ``prefill.config_for`` reads at every launch), after restoring the module's declared
 defaults, so the registry, ``build`` and the launcher see one choice. No table for the arch:
 the declared defaults stay (they are the H100 sweep of docs/perf/prefill.md).
 
 Table body: ``{"kernels": {"varlen_prefill": [{"head_dim": 64, "window_class": "full" |
-"small" | "wgmma", "config": {num_warps, block_n, stages, warp_m_tiles, exp_poly, wgmma}, "candidates":
+"small" | "wgmma" | "wgmma_small", "config": {num_warps, block_n, stages, warp_m_tiles, exp_poly, q_stages,
+wgmma}, "candidates":
 [{"config": ..., "ms": ...}, ...]}, ...]}}``.
 """
 
@@ -25,9 +27,10 @@ log = logging.getLogger("atom_backend")
 _defaults: dict | None = None
 _applied: str | None = None
 
-CONFIG_FIELDS = ("num_warps", "block_n", "stages", "warp_m_tiles", "exp_poly")
+CONFIG_FIELDS = ("num_warps", "block_n", "stages", "warp_m_tiles", "exp_poly", "q_stages")
 # window class -> the prefill module table that holds its tiles
-CLASS_TABLES = {"full": "CONFIGS", "small": "WINDOW_CONFIGS", "wgmma": "WGMMA_CONFIGS"}
+CLASS_TABLES = {"full": "CONFIGS", "small": "WINDOW_CONFIGS", "wgmma": "WGMMA_CONFIGS",
+                "wgmma_small": "WGMMA_WINDOW_CONFIGS"}
 
 
 def _prefill():

@@ -383,19 +383,21 @@ ATOM_DEV void mbar_init(u64* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 ATOM_DEV void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-ATOM_DEV void mbar_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
+// Every mbarrier / bulk-copy helper also takes a 32-bit shared-memory address (smem_addr): code
+// short of registers (a producer warpgroup) keeps one base and constant offsets.
+ATOM_DEV void mbar_arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
+ATOM_DEV void mbar_arrive(u64* bar) { mbar_arrive(smem_addr(bar)); }
 // Arrives (without adding to the expected count) once this thread's earlier cp.async copies land.
 ATOM_DEV void mbar_arrive_cp_async(u64* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // The spin loop stays inside the asm: to the compiler the wait is straight-line code, so the
 // wgmma after it is not in a divergent region.
-ATOM_DEV void mbar_wait(u64* bar, int parity) {
+ATOM_DEV void mbar_wait(u32 bar, int parity) {
   asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
-               ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+               ::"r"(bar), "r"(parity) : "memory");
 }
+ATOM_DEV void mbar_wait(u64* bar, int parity) { mbar_wait(smem_addr(bar), parity); }
 
 // Bulk tensor copies (TMA): one thread moves a whole box of a tensor described by a 128-byte
 // tensor map (encoded on the host, passed as a __grid_constant__ kernel parameter) into shared
@@ -404,14 +406,14 @@ ATOM_DEV void mbar_wait(u64* bar, int parity) {
 ATOM_DEV void tma_prefetch_desc(const tma_desc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
-ATOM_DEV void tma_load_3d(void* dst, const tma_desc* map, u64* bar, int c0, int c1, int c2) {
+ATOM_DEV void tma_load_3d(u32 dst, const tma_desc* map, u32 bar, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
-               ::"r"(smem_addr(dst)), "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+               ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
 // The producer's arrival on a full barrier, announcing the bytes its copies will deliver.
-ATOM_DEV void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+ATOM_DEV void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Arrival on hardware barrier `id` without waiting (the other side bar_sync()s on it).
 ATOM_DEV void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }

@@ -44,6 +44,24 @@ ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, b
   return j1 > sk || (causal && j1 - 1 > p_first) || (window > 0 && j0 <= p_last - window && j1 > sink_tokens);
 }
 
+// 2^x for x <= 0 on the FMA pipe: 2^floor(x) * p(frac), p a cubic fit (relative error < 1e-4,
+// far under the bf16/fp16 rounding of P); x < -126 (and -inf) gives 0.
+// floor / fma: belong in atom_device.h (asked for); NVRTC has no __builtin_floorf.
+#if ATOM_NVIDIA
+ATOM_DEV float floor_(float x) { return floorf(x); }
+ATOM_DEV float fma_(float a, float b, float c) { return fmaf(a, b, c); }
+#else
+ATOM_DEV float floor_(float x) { return __builtin_floorf(x); }
+ATOM_DEV float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#endif
+ATOM_DEV float exp2_fma(float x) {
+  const float xi = floor_(x);
+  const float f = x - xi;
+  const float p = fma_(fma_(fma_(0.07705726f, f, 0.22765566f), f, 0.69511443f), f, 1.0f);
+  const float r = u32_as_f32(f32_as_u32(p) + ((u32)(int)xi << 23));
+  return x < -126.f ? 0.f : r;
+}
+
 // c * tanh(x) with tanh from exp2 (|error| ~1e-6 relative, far under bf16 rounding).
 ATOM_DEV float softcap_fn(float x, float c) {
   const float ax = fmin_(x < 0.f ? -x : x, 15.f);

@@ -2,22 +2,27 @@
 // package. Same semantics as varlen_prefill.hip (DESIGN.md; the tile walk and masks come from
 // prefill_tiles.h), different machinery:
 //
-//   warp specialization  warpgroup 0 is the producer: it gives its registers away (setmaxnreg)
-//                        and one of its threads issues every copy; warpgroups 1..NWG are
-//                        consumers (64 query rows each, BLOCK_M = 64 * NWG) that only compute.
+//   warp specialization  warpgroup 0 is the producer: it gives its registers away (setmaxnreg);
+//                        one of its threads schedules work units, another issues every copy.
+//                        Warpgroups 1..NWG are consumers (64 query rows each, BLOCK_M = 64 * NWG)
+//                        that only compute.
 //   TMA                  Q, K and V tiles of the packed [total, heads, d] tensors arrive by bulk
 //                        tensor copies (tensor maps encoded on the host, 128-byte swizzle done by
 //                        the copy engine), each completing on a full mbarrier; consumers hand a
 //                        stage back on its empty mbarrier once the MMAs reading it are done. K and
-//                        V have rings of STAGES tiles; Q has one buffer, released after the last
-//                        S = Q K^T of a work item so the next item's Q loads under the epilogue.
+//                        V have rings of STAGES tiles, Q one of Q_STAGES: the next unit's Q loads
+//                        while this one computes (a unit of a small window sees few tiles).
 //   intra-warpgroup      round i issues S(i) = Q K(i)^T and O += P(i-1) V(i-1), waits for S(i)
 //   overlap              only, and runs the softmax of tile i while the tensor cores do P V.
 //   ping-pong            consumer warpgroups take turns to issue their MMAs (named barriers), so
 //                        one's softmax runs under the other's MMAs.
-//   persistent grid      one CTA per SM walks work units w = blockIdx.x, + gridDim.x, ...; a unit
-//                        is (work item, head), items in the host's longest-first order (or, with
-//                        no list, q tiles last to first), the heads of one KV head side by side.
+//   persistent grid      one CTA per SM; its producer claims work units from a global counter as
+//                        the CTA gets through them (longest first, so the tail evens out) and
+//                        hands them to the consumers through a shared-memory ring: each
+//                        work item (the host's longest-first list, or q tiles last to first) has
+//                        hq units, (item, query head), or with GQA packing (pack = G) (sub-tile,
+//                        KV head): the G query heads that share a KV head fill the tile's rows
+//                        together, so a short request's few rows still fill the MMAs.
 //   output               normalised O goes to its own shared buffer, then 16-byte coalesced
 //                        stores of the rows that belong to the request (a TMA store would write
 //                        over the next request's rows).
@@ -25,7 +30,9 @@
 // masked (keys) or never stored (queries); masked keys get P = 0 exactly.
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128), SOFTCAP (0|1), CONSUMERS (warpgroups of 64
-// rows: 2 or 3), BLOCK_N (64|128), STAGES (>= 2), PINGPONG (0|1).
+// rows: 1 (two CTAs per SM), 2 or 3), BLOCK_N (64|128), STAGES (>= 2), Q_STAGES (1|2), PINGPONG
+// (0|1, two or more consumers), EXP_POLY (key groups of 16 whose exp2 runs as a polynomial on the
+// FMA pipe instead of the special-function unit; measured slower, kept for sweeps).
 // Built for a target without wgmma (every arch but sm_90a) the kernel has no body: the launcher
 // only selects it on sm_90a (hip_kernels/prefill.py), CI compiles it everywhere.
 
@@ -51,12 +58,21 @@
 #define STAGES 2
 #endif
 #ifndef PINGPONG
-#define PINGPONG 1
+#define PINGPONG (CONSUMERS > 1)
+#endif
+#ifndef EXP_POLY
+#define EXP_POLY 0
+#endif
+#ifndef Q_STAGES
+#define Q_STAGES 2
 #endif
 
 namespace atom_prefill {
 constexpr int NWG = CONSUMERS;
 constexpr int NTB = 128 * (NWG + 1);  // threads: producer warpgroup + consumers
+// One consumer warpgroup leaves room for a second CTA on the SM: its turns with the other CTA
+// replace ping-pong (short work units, e.g. small windows, then overlap one another's latency).
+constexpr int CTAS_PER_SM = NWG == 1 ? 2 : 1;
 }  // namespace atom_prefill
 
 using namespace atom_prefill;
@@ -77,18 +93,28 @@ constexpr int D = HEAD_DIM;
 constexpr int BM = 64 * NWG;
 constexpr int BN = BLOCK_N;
 constexpr int NST = STAGES;
+constexpr int QST = Q_STAGES;
 constexpr int CPR = D / 8;  // 16-byte chunks per row
 constexpr int TILE = BN * D;
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128, "Hopper prefill: BLOCK_N 64 or 128");
-static_assert(NWG == 2 || NWG == 3, "Hopper prefill: 2 or 3 consumer warpgroups");
+static_assert(NWG >= 1 && NWG <= 3, "Hopper prefill: 1 to 3 consumer warpgroups");
+static_assert(!PINGPONG || NWG >= 2, "ping-pong needs two consumer warpgroups");
 static_assert(NST >= 2, "the K/V rings need two stages");
-// Registers per thread after the hand-over (setmaxnreg): producer + consumers within 64K.
-constexpr int PRODUCER_REGS = NWG == 2 ? 24 : 32;
-constexpr int CONSUMER_REGS = NWG == 2 ? 240 : 160;
-static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= 65536, "register file");
-constexpr int SMEM_BYTES = 2 * (2 * BM * D + 2 * NST * TILE);  // Q, O, K ring, V ring
-static_assert(SMEM_BYTES + 1024 + 256 <= 227 * 1024, "shared memory");
+// Registers per thread after the hand-over (setmaxnreg). The CTA keeps what it was launched with
+// (the register file over the threads of CTAS_PER_SM CTAs, in units of 8 per thread): an increase
+// past that pool never completes. Fewest producer registers without spills (NVRTC sm_90a), except
+// with three consumers: there the producer spills a few words (two threads, off the critical
+// path), since 8 more for it would make the consumers spill.
+constexpr int ENTRY_REGS = 65536 / (NTB * CTAS_PER_SM) / 8 * 8;
+constexpr int PRODUCER_REGS = NWG == 1 ? 56 : NWG == 2 ? 40 : 32;
+constexpr int CONSUMER_REGS = NWG == 1 ? 200 : NWG == 2 ? 232 : 160;
+static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
+constexpr int SMEM_BYTES = 2 * ((QST + 1) * BM * D + 2 * NST * TILE);  // Q ring, O, K ring, V ring
+// + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
+// reserved per resident CTA, and a CTA may have 227 KB.
+static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
+              "shared memory");
 typedef wg::sw128<BM> LQ;   // Q and O: [D/64][BM][64]
 typedef wg::sw128<BN> LKV;  // K and V tiles: [D/64][BN][64]
 
@@ -96,17 +122,27 @@ typedef wg::sw128<BN> LKV;  // K and V tiles: [D/64][BN][64]
 ATOM_DEV int turn_bar(int grp) { return 1 + grp; }
 ATOM_DEV int epi_bar(int grp) { return 1 + NWG + grp; }
 
-// A work unit: (work item (request b, q tile t), query head h).
+// A work unit: a work item (request b, q tile t of BM tokens) and a query head h; or, packing
+// GQA (G = q_per_kv query heads share a KV head), the item's sub-tile of BM / G tokens for all G
+// heads of KV head g: tile row r is token r / G, head h0 + r % G. Either way an item has hq
+// units (sub-tiles with more keys first), adjacent so that they share K/V in L2.
 struct unit {
-  int h, g, q0, sq, k0, sk, m0;
+  int h0, g, q0, sq, k0, sk, m0, rows;  // first query head, KV head, request bounds, first token, tokens
   bool live;
 };
-ATOM_DEV unit unit_of(i64 w, const i32* __restrict__ work, const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
-                      int hq, int batch, int q_per_kv, int max_tiles) {
+constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumers (sq < 0: no more)
+constexpr int USLOTS = 4;     // units handed over ahead of the consumers
+// mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
+static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
+ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
+                      int hq, int batch, int q_per_kv, int max_tiles, int G) {
   unit u;
-  const i64 item = w / hq;
-  u.h = (int)(w - item * hq);
-  u.g = u.h / q_per_kv;
+  const int item = w / hq;
+  const int rem = w - item * hq;
+  u.h0 = rem / G * G;
+  u.g = u.h0 / q_per_kv;
+  u.rows = BM / G;
+  const int sub = G - 1 - (rem - u.h0);
   int b, t;
   if (work != nullptr) {
     b = work[2 * item];
@@ -119,45 +155,53 @@ ATOM_DEV unit unit_of(i64 w, const i32* __restrict__ work, const i32* __restrict
   u.sq = cu_q[b + 1] - u.q0;
   u.k0 = cu_k[b];
   u.sk = cu_k[b + 1] - u.k0;
-  u.m0 = t * BM;
+  u.m0 = t * BM + sub * u.rows;
   u.live = u.m0 < u.sq;
   return u;
 }
 }  // namespace atom_prefill
 #endif
 
-// q, k, v: tensor maps of [total, heads, d] (box {64, 1, BLOCK_M or BLOCK_N} rows, 128-byte
-// swizzle); o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq]
-// fp32 or null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles).
+// q, k, v: tensor maps of [total, heads, d] (boxes {64, G, BLOCK_M / G} for q, {64, 1, BLOCK_N}
+// for k and v, 128-byte swizzle); pack: G, 1 or q_per_kv (GQA packing, BLOCK_M % G == 0); o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq]
+// fp32 or null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles); sched:
+// two zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
-extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, 1)
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
 varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CONSTANT tma_desc tm_k,
                       const ATOM_GRID_CONSTANT tma_desc tm_v, u16* __restrict__ o, float* __restrict__ lse,
                       const i32* __restrict__ cu_q, const i32* __restrict__ cu_k, const i32* __restrict__ work,
-                      const float* __restrict__ sinks, i64 o_st, i64 o_sh, i64 n_items, i64 hq_i, i64 batch_i,
-                      i64 q_per_kv_i, i64 max_tiles_i, i64 causal_i, i64 window_i, i64 sink_tok_i, float a_log2,
-                      float c_log2) {
+                      i32* __restrict__ sched, const float* __restrict__ sinks, i64 o_st, i64 o_sh, i64 n_items, i64 hq_i, i64 batch_i,
+                      i64 q_per_kv_i, i64 max_tiles_i, i64 causal_i, i64 window_i, i64 sink_tok_i, i64 pack_i,
+                      float a_log2, float c_log2) {
 #if ATOM_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u16* sQ = reinterpret_cast<u16*>(wg::align1024(smem_raw));
-  u16* sO = sQ + BM * D;
+  u16* sO = sQ + QST * BM * D;
   u16* sK = sO + BM * D;
   u16* sV = sK + NST * TILE;
   u64* bars = reinterpret_cast<u64*>(sV + NST * TILE);
-  u64 *fullQ = bars, *emptyQ = bars + 1, *fullK = bars + 2, *emptyK = fullK + NST, *fullV = emptyK + NST,
-      *emptyV = fullV + NST;
+  u64 *fullQ = bars, *emptyQ = bars + QST, *fullK = bars + 2 * QST, *emptyK = fullK + NST, *fullV = emptyK + NST,
+      *emptyV = fullV + NST, *fullU = emptyV + NST, *emptyU = fullU + USLOTS;
+  int* sU = reinterpret_cast<int*>(emptyU + USLOTS);  // USLOTS slots of UNIT_INTS: the units handed over
 
   const int hq = (int)hq_i, batch = (int)batch_i, q_per_kv = (int)q_per_kv_i, max_tiles = (int)max_tiles_i;
   const bool causal = causal_i != 0;
-  const int W = (int)window_i, S = (int)sink_tok_i;
-  const i64 total = n_items * hq;
+  const int W = (int)window_i, S = (int)sink_tok_i, G = (int)pack_i;
+  const int total = (int)(n_items * hq);  // the host keeps it below 2^31
 
   if (tid_x() == 0) {
     wg::tma_prefetch_desc(&tm_q);
     wg::tma_prefetch_desc(&tm_k);
     wg::tma_prefetch_desc(&tm_v);
-    wg::mbar_init(fullQ, 1);
-    wg::mbar_init(emptyQ, 4 * NWG);  // one arrival per consumer warp
+    for (int s = 0; s < QST; ++s) {
+      wg::mbar_init(fullQ + s, 1);
+      wg::mbar_init(emptyQ + s, 4 * NWG);  // one arrival per consumer warp
+    }
+    for (int s = 0; s < USLOTS; ++s) {
+      wg::mbar_init(fullU + s, 1);
+      wg::mbar_init(emptyU + s, 4 * NWG + 1);  // the consumer warps and the copier
+    }
     for (int s = 0; s < NST; ++s) {
       wg::mbar_init(fullK + s, 1);
       wg::mbar_init(fullV + s, 1);
@@ -168,34 +212,93 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
   }
   sync_block();
 
+  // Units reach the copier and the consumers through a ring of USLOTS (fullU / emptyU): the n-th
+  // unit of this CTA sits in slot n % USLOTS. sq < 0 marks the end.
+  auto take_unit = [&](int n) {
+    const int s = n % USLOTS;
+    wg::mbar_wait(fullU + s, (n / USLOTS) & 1);
+    const int* d = sU + s * UNIT_INTS;
+    unit u;
+    u.h0 = d[0]; u.g = d[1]; u.q0 = d[2]; u.sq = d[3]; u.k0 = d[4]; u.sk = d[5]; u.m0 = d[6]; u.rows = d[7];
+    u.live = u.sq >= 0;
+    return u;
+  };
+  auto release_unit = [&](int n) { wg::mbar_arrive(emptyU + n % USLOTS); };
+
   const int wgi = wg::warpgroup_index();
   if (wgi == 0) {
-    // ---- producer: one thread issues every copy ----
+    // ---- producer warpgroup: one thread schedules, one issues every copy ----
     wg::regs_dec<PRODUCER_REGS>();
-    if (tid_x() == 0) {
-      int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stage and phase)
-      auto load_kv = [&](const tma_desc* map, u16* ring, u64* full, u64* empty, int idx, int row, int g) {
-        const int s = idx % NST;
-        wg::mbar_wait(empty + s, ((idx / NST) & 1) ^ 1);
-        wg::mbar_arrive_expect_tx(full + s, TILE * 2);
-#pragma unroll
-        for (int p = 0; p < D / 64; ++p) wg::tma_load_3d(ring + s * TILE + p * BN * 64, map, full + s, p * 64, g, row);
+    if (tid_x() == 1) {  // lane 1 of the copier's warp: one warp of the SM spins on barriers, not two
+      // Tile scheduler: pairs of units (2p, 2p + 1), p = blockIdx.x, then claimed from a global
+      // counter (sched) as the CTA gets through them, or p += gridDim.x without one. A pair costs
+      // one claim and two independent index chains per memory round trip, so short units at the
+      // end of the list do not wait for their indices. Only live units are handed over.
+      int un = 0;
+      auto hand_over = [&](const unit& u, bool last) {
+        const int s = un % USLOTS;
+        wg::mbar_wait(emptyU + s, ((un / USLOTS) & 1) ^ 1);
+        int* d = sU + s * UNIT_INTS;
+        d[0] = u.h0; d[1] = u.g; d[2] = u.q0; d[3] = last ? -1 : u.sq;
+        d[4] = u.k0; d[5] = u.sk; d[6] = u.m0; d[7] = u.rows;
+        wg::mbar_arrive(fullU + s);
+        ++un;
       };
-      for (i64 w = bid_x(); w < total; w += gdim_x()) {
-        const unit u = unit_of(w, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles);
-        if (!u.live) continue;
-        const kv_walk kw(u.sq, u.sk, u.m0, BM, BN, causal, W, S);
-        wg::mbar_wait(emptyQ, (qn & 1) ^ 1);
-        wg::mbar_arrive_expect_tx(fullQ, BM * D * 2);
+      auto claim = [&]() { return sched != nullptr ? (int)gdim_x() + atomicAdd(sched, 1) : -1; };
+      const int pairs = (total + 1) / 2;
+      int p = (int)bid_x(), pn = claim();
+      while (p < pairs) {
+        const unit u0 = unit_of(2 * p, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles, G);
+        const unit u1 = unit_of(2 * p + 1 < total ? 2 * p + 1 : 2 * p, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles, G);
+        const bool second = 2 * p + 1 < total;
+        p = sched != nullptr ? pn : p + (int)gdim_x();
+        if (sched != nullptr && p < pairs) pn = claim();  // its latency hides under the hand-over
+        if (u0.live) hand_over(u0, false);
+        if (second && u1.live) hand_over(u1, false);
+      }
+      hand_over(unit{}, true);
+      if (sched != nullptr) {
+        // The last CTA past the end resets the counters for the next launch on this stream.
+        __threadfence();
+        if (atomicAdd(sched + 1, 1) == (int)gdim_x() - 1) {
+          sched[0] = 0;
+          sched[1] = 0;
+        }
+      }
+    } else if (tid_x() == 0) {
+      int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stages, phases)
+      // Shared-memory addresses as one 32-bit base and constant offsets: this thread has few registers.
+      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * (QST + 1) * BM * D, a_v = a_k + 2 * NST * TILE,
+                a_bar = a_v + 2 * NST * TILE;
+      const u32 a_fullQ = a_bar, a_emptyQ = a_bar + 8 * QST, a_fullK = a_bar + 16 * QST, a_emptyK = a_fullK + 8 * NST,
+                a_fullV = a_emptyK + 8 * NST, a_emptyV = a_fullV + 8 * NST;
+      auto load_kv = [&](const tma_desc* map, u32 ring, u32 full, u32 empty, int idx, int row, int g) {
+        const int s = idx % NST;
+        wg::mbar_wait(empty + 8 * s, ((idx / NST) & 1) ^ 1);
+        wg::mbar_arrive_expect_tx(full + 8 * s, TILE * 2);
 #pragma unroll
-        for (int p = 0; p < D / 64; ++p) wg::tma_load_3d(sQ + p * BM * 64, &tm_q, fullQ, p * 64, u.h, u.q0 + u.m0);
+        for (int p = 0; p < D / 64; ++p) wg::tma_load_3d(ring + 2 * (s * TILE + p * BN * 64), map, full + 8 * s, p * 64, g, row);
+      };
+      for (int un = 0;; ++un) {
+        const unit u = take_unit(un);
+        release_unit(un);
+        if (!u.live) break;
+        const kv_walk kw(u.sq, u.sk, u.m0, u.rows, BN, causal, W, S);
+        // K(0) first: its stage is free long before the consumers hand Q back.
+        if (kw.n_iter > 0) load_kv(&tm_k, a_k, a_fullK, a_emptyK, base, u.k0 + kw.tile(0) * BN, u.g);
+        const int qs = qn % QST;
+        wg::mbar_wait(a_emptyQ + 8 * qs, ((qn / QST) & 1) ^ 1);
+        wg::mbar_arrive_expect_tx(a_fullQ + 8 * qs, BM * D * 2);
+#pragma unroll
+        for (int p = 0; p < D / 64; ++p)
+          wg::tma_load_3d(a_q + 2 * (qs * BM * D + p * BM * 64), &tm_q, a_fullQ + 8 * qs, p * 64, u.h0, u.q0 + u.m0);
         ++qn;
         // K(i) runs ahead of V(i - 1): round i of the consumers needs both.
-        for (int it = 0; it < kw.n_iter; ++it) {
-          load_kv(&tm_k, sK, fullK, emptyK, base + it, u.k0 + kw.tile(it) * BN, u.g);
-          if (it > 0) load_kv(&tm_v, sV, fullV, emptyV, base + it - 1, u.k0 + kw.tile(it - 1) * BN, u.g);
+        for (int it = 1; it < kw.n_iter; ++it) {
+          load_kv(&tm_k, a_k, a_fullK, a_emptyK, base + it, u.k0 + kw.tile(it) * BN, u.g);
+          load_kv(&tm_v, a_v, a_fullV, a_emptyV, base + it - 1, u.k0 + kw.tile(it - 1) * BN, u.g);
         }
-        if (kw.n_iter > 0) load_kv(&tm_v, sV, fullV, emptyV, base + kw.n_iter - 1, u.k0 + kw.tile(kw.n_iter - 1) * BN, u.g);
+        if (kw.n_iter > 0) load_kv(&tm_v, a_v, a_fullV, a_emptyV, base + kw.n_iter - 1, u.k0 + kw.tile(kw.n_iter - 1) * BN, u.g);
         base += kw.n_iter;
       }
     }
@@ -205,7 +308,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     const int grp = wgi - 1;
     const int warp = (int)((tid_x() / 32) % 4);  // warp in the warpgroup
     const bool releaser = lane_id() == 0;
-    int base = 0, qn = 0;
+    int base = 0, qn = 0, un = 0;
 #if PINGPONG
     bool first_round = true;
     // Turns: consumer grp issues its MMAs after consumer grp - 1 issued the same round (consumer 0
@@ -226,14 +329,23 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
     const float a_eff = kSoftcap ? 1.f : a_log2;
 
-    for (i64 w = bid_x(); w < total; w += gdim_x()) {
-      const unit u = unit_of(w, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles);
-      if (!u.live) continue;
-      const kv_walk kw(u.sq, u.sk, u.m0, BM, BN, causal, W, S);
+    for (;; ++un) {
+      const unit u = take_unit(un);
+      mma::warp_sync();  // every lane has read the slot
+      if (releaser) release_unit(un);
+      if (!u.live) break;
+      const kv_walk kw(u.sq, u.sk, u.m0, u.rows, BN, causal, W, S);
       const int off = u.sk - u.sq;
-      const int wr0 = u.m0 + 64 * grp;  // first query row of this warpgroup
-      const int wp_first = off + wr0, wp_last = off + wr0 + 63;
-      const int p_warp = wp_first + 16 * warp;
+      // Key positions of this warpgroup's first and last query row, and of this lane's rows.
+      const int wp_first = off + u.m0 + 64 * grp / G, wp_last = off + u.m0 + (64 * grp + 63) / G;
+      int tok[acc_t::row_slots], head[acc_t::row_slots], pos[acc_t::row_slots];
+#pragma unroll
+      for (int s = 0; s < acc_t::row_slots; ++s) {
+        const int r = 64 * grp + 16 * warp + acc_t::slot_row(s);
+        tok[s] = u.m0 + r / G;
+        head[s] = u.h0 + r % G;
+        pos[s] = off + tok[s];
+      }
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
@@ -253,12 +365,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       auto wait_v = [&](int it) { wg::mbar_wait(fullV + stage(it), parity(it)); };
       auto free_k = [&](int it) { if (releaser) wg::mbar_arrive(emptyK + stage(it)); };
       auto free_v = [&](int it) { if (releaser) wg::mbar_arrive(emptyV + stage(it)); };
-      auto free_q = [&]() { if (releaser) wg::mbar_arrive(emptyQ); };
+      const int qs = qn % QST;
+      const u16* sQs = sQ + qs * BM * D;
+      auto free_q = [&]() { if (releaser) wg::mbar_arrive(emptyQ + qs); };
       auto issue_s = [&](int it) {  // S = Q K^T of tile it
         const u16* sKs = sK + stage(it) * TILE;
 #pragma unroll
         for (int kc = 0; kc < D / 16; ++kc)
-          wg::op<BN, DT>::ss(sacc, wg::desc_k(sQ + LQ::off(64 * grp, kc * 16)), wg::desc_k(sKs + LKV::off(0, kc * 16)), kc);
+          wg::op<BN, DT>::ss(sacc, wg::desc_k(sQs + LQ::off(64 * grp, kc * 16)), wg::desc_k(sKs + LKV::off(0, kc * 16)), kc);
         wg::commit();
       };
       auto issue_pv = [&](int it) {  // O += P V of tile it
@@ -283,7 +397,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e)
-              if (!visible(j0 + nt * 16 + acc_t::get_j(e), p_warp + acc_t::get_i(e), u.sk, causal, W, S))
+              if (!visible(j0 + nt * 16 + acc_t::get_j(e), pos[acc_t::row_slot(e)], u.sk, causal, W, S))
                 sacc[nt].x[e] = neg_inf();
         }
         float mx[acc_t::row_slots], msc[acc_t::row_slots];
@@ -306,7 +420,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) {
             const int s = acc_t::row_slot(e);
-            const float pv = exp2_(sacc[nt].x[e] * a_eff - msc[s]);
+            const float arg = sacc[nt].x[e] * a_eff - msc[s];
+            const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
             sacc[nt].x[e] = pv;
             rs[s] += pv;
           }
@@ -329,7 +444,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         for (int nt = 0; nt < BN / 16; ++nt) mma::to_operand<DT>(pf[nt], sacc[nt]);
       };
 
-      wg::mbar_wait(fullQ, qn & 1);
+      wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
       ++qn;
       if (n_iter == 0) {
         free_q();
@@ -382,17 +497,16 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
           const float l = acc_t::row_sum(l_run[s]);
-          const int row = wr0 + 16 * warp + acc_t::slot_row(s);
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
             const float m2 = m_run[s] * a_eff;
             lse_v = (m2 + log2_(l)) * kLn2;
             float den = l;
-            if (sinks != nullptr) den += exp2_(sinks[u.h] * kLog2e - m2);
+            if (sinks != nullptr) den += exp2_(sinks[head[s]] * kLog2e - m2);
             inv[s] = 1.f / den;
           }
-          if (lse != nullptr && acc_t::row_leader() && row < u.sq) lse[(i64)(u.q0 + row) * hq + u.h] = lse_v;
+          if (lse != nullptr && acc_t::row_leader() && tok[s] < u.sq) lse[(i64)(u.q0 + tok[s]) * hq + head[s]] = lse_v;
         }
         const int r0 = 64 * grp + 16 * warp;
 #pragma unroll
@@ -409,8 +523,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       for (int i = 0; i < 64 * CPR / 128; ++i) {
         const int c = (int)(tid_x() % 128) + i * 128;
         const int r = 64 * grp + c / CPR, ch = c % CPR;
-        if (u.m0 + r < u.sq) {
-          u16* dst = o + (i64)(u.q0 + u.m0 + r) * o_st + (i64)u.h * o_sh + ch * 8;
+        const int t = u.m0 + r / G;
+        if (t < u.sq) {
+          u16* dst = o + (i64)(u.q0 + t) * o_st + (i64)(u.h0 + r % G) * o_sh + ch * 8;
           store16(dst, load16(sO + LQ::off(r, ch * 8)));
         }
       }
@@ -422,9 +537,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
   }
 #else
-  (void)tm_q; (void)tm_k; (void)tm_v; (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sinks;
+  (void)tm_q; (void)tm_k; (void)tm_v; (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
   (void)o_st; (void)o_sh; (void)n_items; (void)hq_i; (void)batch_i; (void)q_per_kv_i; (void)max_tiles_i;
-  (void)causal_i; (void)window_i; (void)sink_tok_i; (void)a_log2; (void)c_log2;
+  (void)causal_i; (void)window_i; (void)sink_tok_i; (void)pack_i; (void)a_log2; (void)c_log2;
   __builtin_trap();  // no wgmma / TMA on this target: the launcher never selects this kernel here
 #endif
 }
