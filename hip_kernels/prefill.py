@@ -1,4 +1,5 @@
-"""Varlen prefill attention over packed KV (kernel: src/varlen_prefill.hip), torch-facing.
+"""Varlen prefill attention over packed KV (kernels: src/varlen_prefill.hip, the portable body;
+src/varlen_prefill_hopper.hip on sm_90a), torch-facing.
 
 `varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` follows DESIGN.md: bottom-right
 causal alignment (query i of a request with sq queries and sk keys sits at sk - sq + i), GQA/MQA,
@@ -7,15 +8,18 @@ window), soft-cap, per-head sink logits (fp32, in the denominator), optional lse
 [total_q, hq], natural log, without sinks); rows with no visible key get o = 0 and lse = -inf.
 
 No host synchronisation: every check reads shapes, dtypes, strides and Python numbers. Work
-items are (request, q tile) pairs on grid y, heads on grid x. By default grid y enumerates
-ceil(max_seqlen_q / BLOCK_M) tiles for every request, last tile first (with causal masking the
-last tiles see the most keys), and CTAs past a request's end exit at once. A caller that knows
-the lengths on the host (vLLM's metadata builder does) passes `work=work_items(...)`, a list
-sorted longest first with no empty items; copy it to the device once per batch.
+items are (request, q tile of BLOCK_M tokens) pairs; each has hq units of work (one per query
+head). By default the items are ceil(max_seqlen_q / BLOCK_M) tiles for every request, last tile
+first (with causal masking the last tiles see the most keys), and units past a request's end do
+nothing. A caller that knows the lengths on the host (vLLM's metadata builder does) passes
+`work=work_items(...)`: no empty items, each request's tiles together, longest first; copy it to
+the device once per batch. The portable kernel runs one CTA per unit (heads on grid x, items on
+grid y); the Hopper kernel is persistent (one CTA per SM claims units from per-stream counters)
+and packs the query heads of one KV head into its row tiles (gqa_pack).
 
 Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off), plus a
-shorter row tile for d = 64/128 under small sliding windows, plus the Hopper wgmma kernel for
-d = 64/128 (WGMMA_CONFIGS, picked on sm_90a devices; config_for).
+shorter row tile for d = 64/128 under small sliding windows, plus the Hopper kernel for
+d = 64/128 (WGMMA_CONFIGS, WGMMA_WINDOW_CONFIGS for small windows; picked on sm_90a; config_for).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
 """
@@ -293,10 +297,13 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     else:
         max_tiles = -(-max_seqlen_q // cfg.block_m)
         n_y = max_tiles * batch
-    if hq > 2**31 - 1 or n_y > 65535:
+    if n_y * hq > 2**31 - 1 or n_y > 65535:
         raise ValueError(f"{n_y} work items exceed the grid's y limit (65535): pass work=work_items(...) "
                          "(no empty items) or split the batch")
     if total_q == 0 or batch == 0 or n_y == 0:
+        return (out, lse.fill_(float("-inf"))) if return_lse else out
+    if total_kv == 0:  # no request has a key: every row is fully masked (o = 0, lse = -inf)
+        out.zero_()
         return (out, lse.fill_(float("-inf"))) if return_lse else out
 
     from hip_kernels import runtime

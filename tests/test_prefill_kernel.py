@@ -283,6 +283,18 @@ def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():
             assert c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024
 
 
+def test_no_keys_at_all_gives_zero_rows_without_a_launch():
+    # Every request has sk = 0 (a packed K/V of no rows: nothing to build a tensor map from):
+    # every row is fully masked, o = 0 and lse = -inf (DESIGN.md), decided on the host.
+    q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
+    k = torch.empty(0, 2, 64, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    out, lse = prefill.varlen_attention(q, k, k.clone(), cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=0, causal=False,
+                                        out=out, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(q)) and torch.isneginf(lse).all()
+
+
 def test_gqa_pack_and_request_order():
     c = prefill.WGMMA_CONFIGS[128]
     assert prefill.gqa_pack(c, 4) == 4 and prefill.gqa_pack(c, 1) == 1
