@@ -339,3 +339,27 @@ def test_combine_split_groups(S, D, want):
     g = split_groups(S, D)
     assert g == want
     assert g * (D // 4) <= THREADS
+
+
+def test_blob_argument_points_at_its_bytes():
+    # A by-value parameter wider than a slot (a 128-byte tensor map) travels as its own bytes; the
+    # per-thread pointer array that ordinary launches share keeps pointing at its slots.
+    data = bytes(range(128))
+    b = runtime.Blob(data)
+    assert b.addr % 64 == 0
+    _slots, ptrs = runtime._pack_args([7, b, None], "k")
+    assert ctypes.string_at(ptrs[1], 128) == data
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 7
+    _slots2, ptrs2 = runtime._pack_args([1, 2, 3], "k")
+    assert ctypes.c_uint64.from_address(ptrs2[1]).value == 2
+    with pytest.raises(TypeError, match="Blob"):
+        runtime._arg_values([b], "k")
+
+
+def test_tensor_map_shape_checks():
+    from hip_kernels import tma
+
+    with pytest.raises(ValueError, match="multiple of 64"):
+        tma.packed_rows_map(torch.empty(10, 2, 96, dtype=torch.bfloat16), 64)
+    with pytest.raises(ValueError, match="box heads"):
+        tma.packed_rows_map(torch.empty(10, 2, 64, dtype=torch.bfloat16), 64, box_heads=4)
