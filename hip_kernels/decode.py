@@ -335,7 +335,10 @@ def grown_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.
 
 def semaphores(device, count: int) -> torch.Tensor:
     """Zeroed int32 counters (>= count) for the tensor-core split kernel on the current stream."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    from hip_kernels import runtime
+
+    idx = device.index if isinstance(device, torch.device) else torch.device(device).index
+    key = (device, runtime.current_stream(torch.cuda.current_device() if idx is None else idx))
     return grown_buffer(_SEMAPHORES.setdefault(key, []), max(count, _MIN_SEMAPHORES), torch.int32, device)
 
 

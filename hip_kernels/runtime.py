@@ -733,9 +733,11 @@ def _pack_args(args: Iterable[Any], kernel_name: str):
     slots, ptrs, packer = _arg_buffer(len(vals))
     packer.pack_into(slots, 0, *vals)
     if blobs:
-        ptrs = (ctypes.c_void_p * len(vals))(*ptrs)
+        own = _array_types(len(vals))[1]()
+        ctypes.memmove(own, ptrs, ctypes.sizeof(own))
         for i, b in blobs:
-            ptrs[i] = b.addr
+            own[i] = b.addr
+        ptrs = own
     return slots, ptrs
 
 
