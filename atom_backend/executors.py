@@ -205,7 +205,10 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
 def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams, window_work) -> None:
     from hip_kernels.prefill import varlen_attention
 
-    k, v = _gather.gather_kv(route, k_cache, v_cache, q.dtype, p.k_scale, p.v_scale)
+    if route.fp8:  # FP8 compute: the cache's e4m3 bytes, no dequantization (docs/fp8.md)
+        k, v = _gather.gather_kv_fp8(route, k_cache, v_cache, p.k_scale, p.v_scale), None
+    else:
+        k, v = _gather.gather_kv(route, k_cache, v_cache, q.dtype, p.k_scale, p.v_scale)
     qs, os_, rows = _rows_in(q, out, route.rows)
     res = varlen_attention(qs, k, v, route.cu_seqlens_q, route.cu_seqlens_k, max_seqlen_q=route.max_seqlen_q,
                            max_seqlen_k=route.max_seqlen_k, scale=p.scale, window=p.window, sinks=p.sinks,
@@ -223,7 +226,7 @@ def _work(route, head_dim: int, window: int, device):
         from hip_kernels.prefill import work_items
 
         route.cache[key] = work_items(route.new.tolist(), route.total.tolist(), head_dim=head_dim,
-                                      window=window).to(device, non_blocking=True)
+                                      window=window, fp8=route.fp8).to(device, non_blocking=True)
     return route.cache[key]
 
 

@@ -26,6 +26,19 @@ def _dequant_cpu(x: torch.Tensor, scale: float | None, out_dtype: torch.dtype) -
     return x.to(out_dtype)
 
 
+def gather_kv_fp8(route, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale=None, v_scale=None):
+    """The route's keys as e4m3 bytes in the FP8 prefill's layout (``hip_kernels.gather.PackedFp8``:
+    requests at multiples of 128 rows, V transposed), per-tensor scales (vLLM's); GPU only."""
+    from hip_kernels import gather as hg
+
+    packed = hg.gather_kv_fp8(k_cache, v_cache, route.cu_seqlens_k, route.cu_kp, route.total_pad,
+                              block_table=route.full_block_table, seq_ids=route.seq_ids, k_scale=k_scale, v_scale=v_scale)
+    STATS["calls"] += 1
+    STATS["tokens"] += route.total_kv
+    STATS["bytes"] += packed.k.numel() + packed.vt.numel()
+    return packed
+
+
 def gather_kv(route, k_cache: torch.Tensor, v_cache: torch.Tensor, out_dtype: torch.dtype,
               k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed (k, v) ``[route.total_kv, kv_heads, head_dim]`` in ``out_dtype``; rows

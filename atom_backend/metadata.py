@@ -113,6 +113,11 @@ class Route:
     full_block_table: torch.Tensor | None = None
     gather_blocks: torch.Tensor | None = None  # CPU gather: physical block of each packed key
     gather_offsets: torch.Tensor | None = None
+    # FP8 compute (plan.varlen_fp8): each request's first row in the packed e4m3 K/V (multiples of
+    # 128, hip_kernels.gather.fp8_padded_starts) and the packed row count
+    fp8: bool = False
+    cu_kp: torch.Tensor | None = None
+    total_pad: int = 0
     cache: dict = field(default_factory=dict)  # built by the first layer for all: work lists, the decode plan
 
 
@@ -356,7 +361,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             num_splits=int(p.num_splits) if split_context is None else _planner.decode_splits(
                 len(p.decode), split_context, self.facts, self.platform, self.config, p.split_rule),
             decode=self._route(cm, p.decode, p.decode_path.value, qsl, new, total),
-            varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True),
+            varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True, fp8=p.varlen_fp8),
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
             decode_balanced=False if self.config.deterministic_decode else None,
@@ -365,7 +370,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self._count(p, new, cached)
         return md
 
-    def _route(self, cm, idx: np.ndarray, path: str, qsl, new, total, varlen: bool = False) -> Route | None:
+    def _route(self, cm, idx: np.ndarray, path: str, qsl, new, total, varlen: bool = False,
+               fp8: bool = False) -> Route | None:
         if len(idx) == 0:
             return None
         dev = cm.query_start_loc.device
@@ -400,6 +406,12 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             r.cu_seqlens_k = torch.from_numpy(cu_k).to(dev, non_blocking=True)
             r.full_block_table = cm.block_table_tensor
             r.seq_ids = torch.from_numpy(idx.astype(np.int32)).to(dev, non_blocking=True)
+            if fp8:
+                from hip_kernels.gather import fp8_padded_starts
+
+                cu_kp = fp8_padded_starts(r_total.tolist())
+                r.fp8, r.total_pad = True, cu_kp[-1]
+                r.cu_kp = torch.tensor(cu_kp, dtype=torch.int32).to(dev, non_blocking=True)
             if self.on_cpu:
                 # (block, offset) of every packed key, computed once for all layers.
                 pos = np.concatenate([np.arange(t) for t in r_total])

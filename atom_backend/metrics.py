@@ -176,6 +176,12 @@ class Metrics:
         self.gathered_tokens = Counter(
             "atom_gathered_tokens", "Keys (cached + new) gathered into packed K and V", registry=reg
         )
+        self.varlen_compute = Counter(
+            "atom_varlen_compute_requests",
+            "Varlen prefill requests by compute precision (fp8: FP8 cache computed in FP8; 16bit) and why",
+            ["compute", "reason"],
+            registry=reg,
+        )
         self.fallbacks = Counter(
             "atom_fallbacks", "Run-time fallbacks to another path, by reason and the path taken", ["reason", "path"],
             registry=reg,
@@ -209,6 +215,7 @@ class Metrics:
         self._batch = {pp: self.batches.labels(*pp) for pp in PHASE_PATHS}
         self._tok = {pp: self.tokens.labels(*pp) for pp in PHASE_PATHS}
         self._req: dict = {}
+        self._vc: dict = {}
         self._ktime: dict = {}
         self._gbytes = self.gathered_bytes
         self._gtok = self.gathered_tokens
@@ -238,6 +245,13 @@ class Metrics:
             self._req_child("prefill", "varlen", getattr(plan, "varlen_reason", "preferred")).inc(n)
             self._gbytes.inc(plan.gather_bytes)
             self._gtok.inc(plan.gather_tokens)
+            fp8 = getattr(plan, "varlen_fp8", False)
+            why = getattr(plan, "varlen_compute_reason", "preferred")
+            key = ("fp8" if fp8 else "16bit", getattr(why, "value", why))
+            child = self._vc.get(key)
+            if child is None:
+                child = self._vc[key] = self.varlen_compute.labels(*key)
+            child.inc(n)
         if len(plan.unified):
             self._batch["prefill", "unified"].inc()
             self._tok["prefill", "unified"].inc(plan.unified_tokens)

@@ -123,6 +123,8 @@ class Platform:
     varlen_kernel: bool = True
     splitkv_kernel: bool = True
     varlen_caps: _rules.PathCaps | None = None
+    # FP8 compute inside the varlen path (FP8 prefill kernel, its gather, Q's quantizer)
+    varlen_fp8_caps: _rules.PathCaps | None = None
     splitkv_caps: _rules.PathCaps | None = None
     cost: object | None = None
     # Split-KV CTAs resident per SM (H100, tensor-core decode kernel at head_dim 128: register
@@ -193,6 +195,10 @@ class PlannerConfig:
     # ATOM_DETERMINISTIC_DECODE=1: split-KV decode on fixed key ranges (bitwise repeatable runs);
     # by default a request's splits share its keys at run time (balanced across SMs, 1-2% faster)
     deterministic_decode: bool = False
+    # ATOM_FP8_COMPUTE=0: varlen prefill over an FP8 cache dequantizes to the query dtype and
+    # computes in 16 bits (accuracy-sensitive models); by default it computes in FP8 where the
+    # kernel exists (docs/fp8.md)
+    fp8_compute: bool = True
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -222,6 +228,7 @@ class PlannerConfig:
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
             cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
             deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
+            fp8_compute=_env_flag(env, "ATOM_FP8_COMPUTE", True),
         )
 
 
@@ -269,6 +276,10 @@ class Plan:
     predictions: tuple | None = None
     # How many of the num_splits each decode request uses, on the device (decode_split_rule).
     split_rule: SplitRule = SplitRule()
+    # The varlen requests compute in FP8 (FP8 cache, gather of e4m3 bytes, FP8 prefill kernel);
+    # otherwise in the query dtype, for varlen_compute_reason (model_fp8_compute_reason)
+    varlen_fp8: bool = False
+    varlen_compute_reason: Reason = Reason.KV_FORMAT
 
     @classmethod
     def _make(cls, **fields) -> "Plan":
@@ -323,6 +334,23 @@ def model_varlen_reason(facts: ModelFacts, platform: Platform, config: PlannerCo
     if not platform.varlen_kernel:
         return Reason.NO_KERNEL
     return _path_reason(platform.varlen_caps, facts)
+
+
+def model_fp8_compute_reason(facts: ModelFacts, platform: Platform, config: PlannerConfig) -> Reason | None:
+    """Why varlen prefill of this model does not compute in FP8 (None: it does). KV_FORMAT: the
+    cache is not FP8; FORCED: ATOM_FP8_COMPUTE=0; a registry reason (head dim, arch, ...); COST:
+    per-page scales on pages of no multiple of 16 keys take a scale per key, measured slower
+    than the dequantizing gather + 16-bit prefill (docs/PERF.md, FP8 compute)."""
+    if not facts.kv_dtype.startswith("fp8"):
+        return Reason.KV_FORMAT
+    if not config.fp8_compute:
+        return Reason.FORCED
+    r = _path_reason(platform.varlen_fp8_caps, facts)
+    if r is not None:
+        return r
+    if facts.kv_scale_mode == "per_page" and facts.page_size % 16:
+        return Reason.COST
+    return None
 
 
 def model_splitkv_reason(facts: ModelFacts, platform: Platform) -> Reason | None:
@@ -522,6 +550,8 @@ def plan(
         max_ctx = decode_tokens = 0
         decode_reason = None
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
+    fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_FORMAT
+    fp8 = fp8_reason is None
     return Plan._make(
         decode=decode,
         decode_path=Path.SPLITKV if decode_reason is None else Path.UNIFIED,
@@ -533,10 +563,13 @@ def plan(
         unified_reasons=reasons,
         empty=(new == 0).nonzero()[0] if len(pf) + n_dec < len(new) else _EMPTY,
         gather_tokens=gather_tokens,
-        gather_bytes=gather_tokens * facts.gathered_bytes_per_token,
+        # FP8 compute copies the cache's bytes (plus the pad to 128 keys per request)
+        gather_bytes=gather_tokens * (facts.kv_bytes_per_token if fp8 else facts.gathered_bytes_per_token),
         decode_tokens=decode_tokens,
         varlen_tokens=varlen_tokens,
         unified_tokens=(int(_sum(n_pf)) if len(pf) else 0) - varlen_tokens,
         varlen_reason=Reason.COST if predictions is not None else Reason.PREFERRED,
         predictions=predictions,
+        varlen_fp8=fp8,
+        varlen_compute_reason=Reason.PREFERRED if fp8 else fp8_reason,
     )

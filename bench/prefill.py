@@ -142,6 +142,123 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
     return fn
 
 
+def fp8_paged(k, v, seqs, page_size=16, per_page=True):
+    """k, v quantized into a permuted e4m3 paged cache (scales per page per head, or per tensor):
+    (k_cache, v_cache, block_table, cu_seqlens_k, scale kwargs)."""
+    hk, d = k.shape[1], k.shape[2]
+    dev = k.device
+    fp8 = torch.float8_e4m3fn
+    need = [-(-b // page_size) for _, b in seqs]
+    nb = sum(need)
+    perm = torch.randperm(nb, device=dev)
+    table = torch.zeros(len(seqs), max(need), dtype=torch.int32, device=dev)
+    k_cache = torch.zeros(nb, page_size, hk, d, dtype=fp8, device=dev)
+    v_cache = torch.zeros_like(k_cache)
+    kd = torch.empty(nb, hk, device=dev)
+    vd = torch.empty(nb, hk, device=dev)
+    at, t0 = 0, 0
+    for i, (_, b) in enumerate(seqs):
+        pages = perm[at: at + need[i]]
+        table[i, : need[i]] = pages.to(torch.int32)
+        for src, cache, desc in ((k, k_cache, kd), (v, v_cache, vd)):
+            x = torch.zeros(need[i] * page_size, hk, d, device=dev)
+            x[:b] = src[t0: t0 + b].float()
+            x = x.view(need[i], page_size, hk, d)
+            s = (x.abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12) if per_page else None
+            if s is None:
+                s = torch.full((need[i], hk), 1.0 / 64, device=dev)  # randn fits 448 / 64 = 7 sigma
+            cache[pages] = (x / s[:, None, :, None]).to(fp8)
+            desc[pages] = s
+        at += need[i]
+        t0 += b
+    cu_k = torch.tensor([0] + [sum(b for _, b in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device=dev)
+    scales = {"k_descale": kd, "v_descale": vd} if per_page else {"k_scale": 1.0 / 64, "v_scale": 1.0 / 64}
+    return k_cache, v_cache, table, cu_k, scales
+
+
+def run_fp8(seqs, q, cache, *, with_gather: bool):
+    """FP8 compute: (gather_kv_fp8 when with_gather) + the FP8 kernel, Q quantized inside."""
+    from hip_kernels import gather
+
+    k_cache, v_cache, table, cu_k, scales = cache
+    sk = [b for _, b in seqs]
+    cu_kp_h = gather.fp8_padded_starts(sk)
+    cu_kp = torch.tensor(cu_kp_h, dtype=torch.int32, device=q.device)
+    pack = lambda: gather.gather_kv_fp8(k_cache, v_cache, cu_k, cu_kp, cu_kp_h[-1], block_table=table, **scales)
+    packed = pack()
+    cu_q = torch.tensor([0] + [sum(a for a, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
+                        device=q.device)
+    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2], fp8=True).to(q.device)
+    out = torch.empty_like(q)
+    mq, mk = max(a for a, _ in seqs), max(sk)
+    attend = lambda p: prefill.varlen_attention(q, p, None, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,
+                                                work=work)
+    if with_gather:
+        return lambda: attend(pack())
+    return lambda: attend(packed)
+
+
+def run_dequant(seqs, q, cache):
+    """Today's FP8-KV prefill: the dequantising gather to bf16 + the bf16 kernel."""
+    from hip_kernels import gather
+
+    k_cache, v_cache, table, cu_k, scales = cache
+    sk = [b for _, b in seqs]
+    cu_q = torch.tensor([0] + [sum(a for a, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
+                        device=q.device)
+    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2]).to(q.device)
+    out = torch.empty_like(q)
+    mq, mk = max(a for a, _ in seqs), max(sk)
+
+    def fn():
+        k, v = gather.gather_kv(k_cache, v_cache, cu_k, sum(sk), block_table=table, out_dtype=q.dtype, **scales)
+        return prefill.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out, work=work)
+
+    return fn
+
+
+def _dequant_torch(cache, table, seqs, scales, which):
+    """Packed float32 [sum sk, H, D] of one fp8_paged cache (torch, for the reference)."""
+    out = []
+    for i, (_, b) in enumerate(seqs):
+        pages = table[i, : -(-b // cache.shape[1])].long()
+        x = cache[pages].float()
+        if f"{which}_descale" in scales:
+            x = x * scales[f"{which}_descale"][pages][:, None, :, None]
+        else:
+            x = x * scales[f"{which}_scale"]
+        out.append(x.reshape(-1, *cache.shape[2:])[:b])
+    return torch.cat(out)
+
+
+def fp8_accuracy(rows):
+    """FP8 compute's error against DESIGN's float32 reference on the dequantized cache (docs/fp8.md),
+    next to the dequantize + bf16 path's, on causal 32/8 d128 2 x 2k, random normal Q/K/V."""
+    from atom_backend import reference as ref
+    from atom_backend.tolerances import errors
+
+    seqs = [(2048, 2048)] * 2
+    q, k, v, cu_q, cu_k = make(seqs, 32, 8, 128)
+    for per_page in (True, False):
+        mode = "per_page" if per_page else "per_tensor"
+        cache = fp8_paged(k, v, seqs, per_page=per_page)
+        kc, vc, table, cu_k, scales = cache
+        kd, vd = (_dequant_torch(c, table, seqs, scales, which) for c, which in ((kc, "k"), (vc, "v")))
+        o_ref, _ = ref.varlen_attention(q.float().cpu(), kd.cpu(), vd.cpu(), cu_q.cpu(), cu_k.cpu())  # CPU reference
+        out8 = run_fp8(seqs, q, cache, with_gather=True)()
+        out16 = run_dequant(seqs, q, cache)()
+        for impl, o in (("fp8 compute", out8), ("dequant gather+bf16", out16)):
+            rel, mx = errors(o.float(), o_ref)
+            vmax = vd.abs().max().item()
+            rows.append({"shape": "accuracy 32/8 d128 2x2k", "impl": f"{impl} {mode}", "rel_err": rel,
+                         "max_err_over_vmax": mx / vmax})
+            print(f"  accuracy {impl:<20} {mode:<10} rel {rel:.4f}  max|err|/max|V| {mx / vmax:.4f}", flush=True)
+
+
+FP8_SHAPES = ("causal 32/8 d128 4x4k", "causal 32/8 d128 1x16k", "prefix sk=4sq 32/8 d128 16x1k/4k",
+              "prefix sk=4sq 32/8 d128 4x4k/16k", "mixed 32/8 d128 16k tokens")
+
+
 SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 32/8 d128 1x16k")
 C = prefill.Config
 # exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
@@ -180,6 +297,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the 4k shapes only")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-fp8", action="store_true", help="skip the FP8-compute rows")
+    ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs of our kernels")
     ap.add_argument("--wg-sweep", action="store_true", help="only the wgmma tile configs of --sweep")
     args = ap.parse_args(argv)
@@ -203,6 +322,8 @@ def main(argv=None):
     ]
     if args.quick:
         shapes = [s for s in shapes if "16k" not in s[0] or "prefix" in s[0]]
+    if args.only:
+        shapes = [s for s in shapes if args.only in s[0]]
     rows = []
     for label, seqs, hq, hk, d, kw in shapes:
         pairs = sum(visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
@@ -245,6 +366,15 @@ def main(argv=None):
             if wbase is not None:
                 prefill.WINDOW_CONFIGS[d] = wbase
             prefill.WGMMA_CONFIGS = wg
+        if label in FP8_SHAPES and not args.no_fp8 and prefill.fp8_compute_available(d, prefill._default_arch()):
+            for per_page in (True, False):
+                mode = "per_page" if per_page else "per_tensor"
+                cache = fp8_paged(k, v, seqs, per_page=per_page)
+                measure(label, run_fp8(seqs, q, cache, with_gather=False), pairs, d, hq, rows, f"fp8 {mode}")
+                if per_page:
+                    measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows, "fp8 gather+kernel")
+                    measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, "dequant gather+bf16")
+                del cache
         dense = all(s == seqs[0] for s in seqs)
         if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
             # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.
@@ -257,6 +387,11 @@ def main(argv=None):
         del q, k, v
         torch.cuda.empty_cache()
 
+    if not args.no_fp8 and prefill.fp8_compute_available(128, prefill._default_arch()):
+        print("FP8 compute accuracy (vs the float32 reference on the dequantized cache; bound: rel 5e-2, "
+              "max 2^-3 max|V|)", flush=True)
+        fp8_accuracy(rows)
+
     # summary: ratios against flash on the same label, and prefix vs sq == sk
     print("\nsummary (TFLOP/s; ratio = ours / peer)")
     by = {}
@@ -265,10 +400,18 @@ def main(argv=None):
     for label, impls in by.items():
         ours = impls.get("ours")
         parts = [f"ours {ours:.0f}" if ours else "ours n/a"]
-        for peer in ("ours(device order)", "ours(mma.sync)", "sdpa-flash", "sdpa-cudnn", "flex", "triton-unified"):
+        for peer in ("ours(device order)", "ours(mma.sync)", "sdpa-flash", "sdpa-cudnn", "flex", "triton-unified",
+                     "dequant gather+bf16"):
             if impls.get(peer):
                 parts.append(f"{peer} {impls[peer]:.0f} ({ours / impls[peer]:.2f}x)" if ours else f"{peer} {impls[peer]:.0f}")
         print(f"  {label:<38} " + ", ".join(parts))
+    for label, impls in by.items():
+        f8 = impls.get("fp8 per_page")
+        if f8:
+            peers = [(p, impls.get(p)) for p in ("ours", "sdpa-cudnn") if impls.get(p)]
+            print(f"  fp8 per_page [{label}]: {f8:.0f}, " + ", ".join(f"{f8 / t:.2f}x {p}" for p, t in peers)
+                  + (f"; fp8 gather+kernel {impls['fp8 gather+kernel'] / impls['dequant gather+bf16']:.2f}x "
+                     "dequant gather+bf16" if impls.get("fp8 gather+kernel") and impls.get("dequant gather+bf16") else ""))
     eq = by.get("causal 32/8 d128 4x4k", {}).get("ours")
     for label in by:
         if label.startswith("prefix") and eq and by[label].get("ours"):

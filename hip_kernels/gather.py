@@ -8,11 +8,15 @@ sized from it, so nothing reads device memory back. FP8 caches (e4m3, the platfo
 flavour, or uint8 holding it) are dequantised to ``out_dtype`` (default bf16) with a per-tensor
 ``k_scale``/``v_scale`` (float or 1-element fp32 tensor) or per-page ``k_descale``/``v_descale``
 ``[num_blocks, num_kv_heads]``.
+
+``gather_kv_fp8(...)`` copies an e4m3 cache as it is into the layout of the FP8 prefill (``PackedFp8``:
+K, V transposed, per-key scales), see ``FP8_ALIGN`` and src/gather.hip.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +25,7 @@ from .runtime import Variant
 
 SOURCE = "gather.hip"
 KERNEL = "atom_gather_kv"
+FP8_KERNEL = "atom_gather_kv_fp8"  # e4m3 bytes into the FP8 prefill's layout (gather_kv_fp8)
 THREADS = 256
 MAX_ROWS = 256
 _ITEMS_PER_BLOCK = 2048  # 16-byte chunks per block: 8 per thread, enough loads in flight
@@ -39,6 +44,13 @@ def variant(layout: str, fp8: bool, out_dtype: torch.dtype = torch.bfloat16, sca
     return Variant(SOURCE, KERNEL, d)
 
 
+@functools.lru_cache(maxsize=None)
+def fp8_variant(layout: str, scale: str) -> Variant:
+    """The FP8-layout gather (atom_gather_kv_fp8): layout 'vllm' | 'sglang', scale 'per_tensor' | 'per_page'."""
+    return Variant(SOURCE, FP8_KERNEL, {"GATHER_LAYOUT": {"vllm": 0, "sglang": 1}[layout],
+                                                  "GATHER_SCALE": {"per_tensor": 1, "per_page": 2}[scale]})
+
+
 def variants() -> list[Variant]:
     out = []
     for layout in ("vllm", "sglang"):
@@ -46,7 +58,44 @@ def variants() -> list[Variant]:
         for od in _OUT:
             for sc in ("per_tensor", "per_page"):
                 out.append(variant(layout, True, od, sc))
+        for sc in ("per_tensor", "per_page"):
+            out.append(fp8_variant(layout, sc))
     return out
+
+
+# The FP8 prefill's K/V layout. Every request starts at a multiple of FP8_ALIGN rows (the prefill's
+# 128-key tile, so a 128-row block of keys is one tile of one request, with one largest V scale);
+# within each 16 keys, V^T holds key FP8_KEY_ORDER[p] at position p (the e4m3 A fragment of P,
+# atom_mma.h to_operand_fp8).
+FP8_ALIGN = 128
+FP8_KEY_ORDER = tuple(2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(16))
+
+
+class PackedFp8(NamedTuple):
+    """Packed e4m3 K/V for the FP8 prefill (hip_kernels.prefill.varlen_attention with kv=...)."""
+
+    k: torch.Tensor  # [total_pad, H, D] e4m3
+    vt: torch.Tensor  # [H, D, total_pad] e4m3, keys in FP8_KEY_ORDER per 16
+    cu_kp: torch.Tensor  # int32 [n + 1]: first row of each request (multiples of FP8_ALIGN)
+    scale: str  # "per_tensor" | "per_page" (a scale per key) | "per_page16" (pages of a multiple of 16 keys)
+    kv_scale: torch.Tensor | None  # per_tensor: fp32 [2] (k, v)
+    key_scales: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128, 2, 128] (lane order)
+    v_max: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128]
+
+
+def fp8_padded_starts(seqlens_k) -> list[int]:
+    """Host: the cu_kp of FP8_ALIGN-aligned requests of these key counts (n + 1 entries)."""
+    out = [0]
+    for n in seqlens_k:
+        out.append(out[-1] + -(-int(n) // FP8_ALIGN) * FP8_ALIGN)
+    return out
+
+
+def fp8_lane_order() -> torch.Tensor:
+    """index [128]: the key of a 128-key block whose scale sits at position i (src/gather.hip)."""
+    j = torch.arange(FP8_ALIGN)
+    pos = 32 * ((j >> 1) & 3) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1)
+    return torch.empty_like(j).scatter_(0, pos, j)
 
 
 def _check_i32(name: str, t: torch.Tensor | None, dev: torch.device, ndim: int) -> None:
@@ -125,26 +174,8 @@ def gather_kv(
         if t.data_ptr() % 16:
             raise ValueError(f"gather_kv: {n} is not 16-byte aligned")
 
-    _check_i32("cu_seqlens_k", cu_seqlens_k, dev, 1)
-    _check_i32("seq_ids", seq_ids, dev, 1)
-    num_seqs = cu_seqlens_k.shape[0] - 1
-    if num_seqs < 0:
-        raise ValueError("gather_kv: cu_seqlens_k needs at least one element")
-    if seq_ids is not None and seq_ids.shape[0] != num_seqs:
-        raise ValueError(f"gather_kv: seq_ids has {seq_ids.shape[0]} entries, cu_seqlens_k names {num_seqs}")
-    if block_table is not None:
-        if kv_indptr is not None or kv_page_indices is not None:
-            raise ValueError("gather_kv: pass block_table (vLLM) or kv_indptr + kv_page_indices (SGLang), not both")
-        _check_i32("block_table", block_table, dev, 2)
-        layout, table, indptr, table_stride = "vllm", block_table, None, block_table.stride(0)
-    elif kv_indptr is not None and kv_page_indices is not None:
-        _check_i32("kv_indptr", kv_indptr, dev, 1)
-        _check_i32("kv_page_indices", kv_page_indices, dev, 1)
-        layout, table, indptr, table_stride = "sglang", kv_page_indices, kv_indptr, 0
-    else:
-        raise ValueError("gather_kv: need block_table, or kv_indptr and kv_page_indices")
-    if seq_ids is None and layout == "vllm" and block_table.shape[0] < num_seqs:
-        raise ValueError(f"gather_kv: block_table has {block_table.shape[0]} rows for {num_seqs} sequences")
+    num_seqs, layout, table, indptr, table_stride = _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr,
+                                                                kv_page_indices)
     total_kv = int(total_kv)
     if total_kv < 0:
         raise ValueError("gather_kv: total_kv must be >= 0")
@@ -192,6 +223,111 @@ def gather_kv(
         heads, dim, rows,
     )
     return k_out, v_out
+
+
+def _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr, kv_page_indices):
+    """(num_seqs, layout, table, indptr, table_stride) of a vLLM block table or SGLang page list."""
+    _check_i32("cu_seqlens_k", cu_seqlens_k, dev, 1)
+    _check_i32("seq_ids", seq_ids, dev, 1)
+    num_seqs = cu_seqlens_k.shape[0] - 1
+    if num_seqs < 0:
+        raise ValueError("gather_kv: cu_seqlens_k needs at least one element")
+    if seq_ids is not None and seq_ids.shape[0] != num_seqs:
+        raise ValueError(f"gather_kv: seq_ids has {seq_ids.shape[0]} entries, cu_seqlens_k names {num_seqs}")
+    if block_table is not None:
+        if kv_indptr is not None or kv_page_indices is not None:
+            raise ValueError("gather_kv: pass block_table (vLLM) or kv_indptr + kv_page_indices (SGLang), not both")
+        _check_i32("block_table", block_table, dev, 2)
+        layout, table, indptr, table_stride = "vllm", block_table, None, block_table.stride(0)
+    elif kv_indptr is not None and kv_page_indices is not None:
+        _check_i32("kv_indptr", kv_indptr, dev, 1)
+        _check_i32("kv_page_indices", kv_page_indices, dev, 1)
+        layout, table, indptr, table_stride = "sglang", kv_page_indices, kv_indptr, 0
+    else:
+        raise ValueError("gather_kv: need block_table, or kv_indptr and kv_page_indices")
+    if seq_ids is None and layout == "vllm" and block_table.shape[0] < num_seqs:
+        raise ValueError(f"gather_kv: block_table has {block_table.shape[0]} rows for {num_seqs} sequences")
+    return num_seqs, layout, table, indptr, table_stride
+
+
+def gather_kv_fp8(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    cu_kp: torch.Tensor,
+    total_pad: int,
+    *,
+    block_table: torch.Tensor | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    kv_page_indices: torch.Tensor | None = None,
+    seq_ids: torch.Tensor | None = None,
+    k_scale=None,
+    v_scale=None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+) -> PackedFp8:
+    """An e4m3 cache's keys in the FP8 prefill's layout (PackedFp8), bytes unchanged.
+
+    cu_kp: device int32 [n + 1] from fp8_padded_starts (host lengths); total_pad its last entry (a
+    host int). Scales as for gather_kv: per tensor (k_scale / v_scale, floats or one-element fp32
+    tensors) or per page (k_descale / v_descale [num_blocks, H])."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() \
+            or v_cache.dtype != k_cache.dtype:
+        raise ValueError("gather_kv_fp8: caches must both be [num_blocks, page_size, kv_heads, head_dim], alike")
+    num_blocks, page_size, heads, dim = k_cache.shape
+    dev = k_cache.device
+    if dev.type != "cuda":
+        raise ValueError(f"gather_kv_fp8: caches must be on a GPU, got {dev}")
+    native = runtime.native_fp8_dtype(_arch(dev))
+    if k_cache.dtype not in (native, torch.uint8):
+        raise TypeError(f"gather_kv_fp8: the cache must be {native} (or uint8 holding it), got {k_cache.dtype}")
+    if k_cache.stride(3) != 1 or dim % 16 or dim > 256 or any(st % 16 for st in k_cache.stride()[:3]) \
+            or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        raise ValueError(f"gather_kv_fp8: head_dim ({dim}) and strides {k_cache.stride()} must be multiples of 16 "
+                         "bytes (head_dim <= 256), pointers 16-byte aligned")
+    num_seqs, layout, table, indptr, table_stride = _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr,
+                                                                kv_page_indices)
+    _check_i32("cu_kp", cu_kp, dev, 1)
+    total_pad = int(total_pad)
+    if cu_kp.shape != cu_seqlens_k.shape or total_pad < 0 or total_pad % FP8_ALIGN:
+        raise ValueError(f"gather_kv_fp8: cu_kp must match cu_seqlens_k and end at a multiple of {FP8_ALIGN}")
+    blocks = total_pad // FP8_ALIGN
+    k8 = torch.empty((total_pad, heads, dim), dtype=k_cache.dtype, device=dev)
+    vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)
+    kv_scale = key_scales = v_max = None
+    if k_descale is not None or v_descale is not None:
+        if k_descale is None or v_descale is None or k_scale is not None or v_scale is not None:
+            raise ValueError("gather_kv_fp8: per-page scales need both k_descale and v_descale and no k/v_scale")
+        for n, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+            if t.shape != (num_blocks, heads) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
+                raise ValueError(f"gather_kv_fp8: {n} must be contiguous fp32 [{num_blocks}, {heads}] on {dev}")
+        scale = "per_page16" if page_size % 16 == 0 else "per_page"  # every 16 keys in one page
+        key_scales = torch.empty((heads, blocks, 2, FP8_ALIGN), dtype=torch.float32, device=dev)
+        v_max = torch.empty((heads, blocks), dtype=torch.float32, device=dev)
+    else:
+        scale = "per_tensor"
+        kv_scale = _pair(k_scale, v_scale, dev)
+    out = PackedFp8(k8, vt8, cu_kp, scale, kv_scale, key_scales, v_max)
+    if blocks == 0:
+        return out
+    kern = runtime.load(fp8_variant(layout, "per_tensor" if scale == "per_tensor" else "per_page"), dev)
+    kern(blocks, THREADS, k8, vt8, key_scales, v_max, k_cache, v_cache, cu_seqlens_k, cu_kp, seq_ids, table, indptr,
+         k_descale, v_descale, total_pad, num_seqs, table_stride, page_size,
+         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, dim)
+    return out
+
+
+def _pair(k_scale, v_scale, dev) -> torch.Tensor:
+    """fp32 [2] (k, v) on dev from floats or one-element tensors (1.0 where None)."""
+    parts = []
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(x, torch.Tensor):
+            if x.numel() != 1 or x.device != dev:
+                raise ValueError(f"gather_kv_fp8: {name} tensor must have one element on {dev}")
+            parts.append(x.reshape(1).to(torch.float32))
+        else:
+            parts.append(torch.full((1,), 1.0 if x is None else float(x), dtype=torch.float32, device=dev))
+    return torch.cat(parts)
 
 
 def _out(name, t, shape, dtype, dev):

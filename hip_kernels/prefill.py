@@ -61,9 +61,12 @@ class Config:
     def block_m(self) -> int:
         return 16 * self.warp_m_tiles * self.num_warps
 
-    def smem_bytes(self, head_dim: int) -> int:
-        if self.wgmma:  # Q ring, O staging, K and V rings; 1024 bytes of slack for the swizzle, mbarriers
-            return 2 * head_dim * ((self.q_stages + 1) * self.block_m + 2 * self.stages * self.block_n) + 1024 + 512
+    def smem_bytes(self, head_dim: int, kv_fp8: int = 0) -> int:
+        if self.wgmma:  # Q ring, O staging, K and V rings (+ key scales); 1024 bytes of slack for the swizzle, mbarriers
+            eb = 1 if kv_fp8 else 2
+            scales = 4 * self.stages * 2 * self.block_n if kv_fp8 >= 2 else 0
+            return eb * head_dim * (self.q_stages * self.block_m + 2 * self.stages * self.block_n) \
+                + 2 * head_dim * self.block_m + scales + 1024 + 512
         # Q tile, K and V rings (+ slack for the first wgmma kernel, a bench reference while it lasts)
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
 
@@ -89,13 +92,29 @@ WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmm
 # Small windows on Hopper: K/V tiles of 64 keys (a row tile sees about BLOCK_M / G + W keys).
 WGMMA_WINDOW_CONFIGS = {64: Config(12, 64, 3, wgmma=True, q_stages=1), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
+# FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8):
+# every window, since the FP8 layout is in 128-key tiles. Same BLOCK_M as WGMMA_CONFIGS.
+FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True)}
+# per_page: a scale per key (pages of any size); per_page16: one per 16 keys (pages of a multiple of
+# 16), the multiply leaves the path from S to the row max (the kernel's KV_FP8 = 3).
+KV_FP8_MODES = {"per_tensor": 1, "per_page": 2, "per_page16": 3}
 PACK_GQA = True  # gqa_pack; False: one query head per tile (bench comparison)
 SCHEDULER = "dynamic"  # Hopper: units claimed from a counter as CTAs free up, or "static" round robin
 WORK_ORDER = "request"  # work_items: "request" (grouped, L2-friendly) or "cost" (longest first overall)
 
 
-def config_for(head_dim: int, window: int = 0, arch: str | None = None) -> Config:
-    """The tile shape a launch with this head dim and window uses on `arch` (None: portable)."""
+def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
+    """An FP8-compute prefill kernel exists for this head dim on `arch`."""
+    return arch in WGMMA_ARCHS and head_dim in FP8_CONFIGS
+
+
+def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: bool = False) -> Config:
+    """The tile shape a launch with this head dim and window uses on `arch` (None: portable);
+    fp8: the FP8-compute kernel's (fp8_compute_available)."""
+    if fp8:
+        if not fp8_compute_available(head_dim, arch):
+            raise ValueError(f"no FP8-compute prefill kernel for head_dim {head_dim} on {arch}")
+        return FP8_CONFIGS[head_dim]
     small = 0 < window <= SMALL_WINDOW
     if arch in WGMMA_ARCHS:
         table = WGMMA_WINDOW_CONFIGS if small else WGMMA_CONFIGS
@@ -124,18 +143,22 @@ def _default_arch() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)  # per launch: a Variant costs ~10 us to build
-def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None):
+def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None, kv_fp8: int = 0):
+    """kv_fp8: 0, or KV_FP8_MODES[scale] (the Hopper kernel's FP8 compute)."""
     from hip_kernels.runtime import Variant
 
     cfg = cfg or CONFIGS[head_dim]
     if cfg.wgmma:
         if cfg.num_warps % 4 or cfg.warp_m_tiles != 1 or cfg.exp_poly:
             raise ValueError(f"Hopper prefill config {cfg}: whole warpgroups, one row tile per warp")
+        fp8 = {"KV_FP8": kv_fp8} if kv_fp8 else {}
         return Variant(HOPPER_SOURCE, HOPPER_KERNEL,
                        {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                         "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                         "PINGPONG": int(cfg.pingpong and cfg.num_warps >= 8), "Q_STAGES": cfg.q_stages,
-                        **dict(cfg.extra)})
+                        **fp8, **dict(cfg.extra)})
+    if kv_fp8:
+        raise ValueError("FP8 compute runs on the Hopper kernel only")
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
@@ -161,18 +184,20 @@ def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
     cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items()) \
         + list(WGMMA_WINDOW_CONFIGS.items())
-    return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)]
+    fp8 = [_variant(d, code, sc, cfg, mode) for d, cfg in FP8_CONFIGS.items() for code in (0, 1)
+           for sc in (False, True) for mode in KV_FP8_MODES.values()]
+    return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)] + fp8
 
 
 def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, window: int = 0,
-               sink_tokens: int = 0, arch: str | None = None) -> torch.Tensor:
+               sink_tokens: int = 0, arch: str | None = None, fp8: bool = False) -> torch.Tensor:
     """Host-built work list: int32 [n, 2] of (request, q tile), most visible keys first.
 
     `seqlens_q` / `seqlens_k` are per-request lengths known on the host (Python ints). The
     result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking).
     `arch`: the device the list is for (default: the current torch device, if any); q tiles
-    are BLOCK_M rows of the tile shape that device launches."""
-    bm = config_for(head_dim, window, arch or _default_arch()).block_m
+    are BLOCK_M rows of the tile shape that device launches (fp8: for the FP8-compute kernel)."""
+    bm = config_for(head_dim, window, arch or _default_arch(), fp8).block_m
     items = []
     for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
         sq, sk = int(sq), int(sk)
@@ -205,6 +230,32 @@ def _check_aligned(name: str, t: torch.Tensor) -> None:
                          "and the data pointer must be multiples of 16")
 
 
+def _check_fp8_pack(kv, q, cu_seqlens_k) -> None:
+    """The PackedFp8 of gather_kv_fp8 fits q: shapes, dtypes, device, scales of its mode."""
+    from hip_kernels.gather import FP8_ALIGN
+
+    k8, vt = kv.k, kv.vt
+    if k8.dim() != 3 or vt.dim() != 3 or tuple(vt.shape) != (k8.shape[1], k8.shape[2], k8.shape[0]):
+        raise ValueError(f"PackedFp8: k [total_pad, H, D] and vt [H, D, total_pad] disagree: {tuple(k8.shape)}, "
+                         f"{tuple(vt.shape)}")
+    if k8.element_size() != 1 or vt.dtype != k8.dtype or k8.shape[0] % FP8_ALIGN:
+        raise ValueError(f"PackedFp8: e4m3 k / vt with a multiple of {FP8_ALIGN} rows expected")
+    if k8.device != q.device or vt.device != q.device or not (k8.is_contiguous() and vt.is_contiguous()):
+        raise ValueError("PackedFp8: k and vt must be contiguous, on q's device")
+    if not isinstance(kv.cu_kp, torch.Tensor) or kv.cu_kp.shape != cu_seqlens_k.shape or kv.cu_kp.dtype != torch.int32:
+        raise ValueError("PackedFp8: cu_kp must be int32 and match cu_seqlens_k")
+    if kv.scale == "per_tensor":
+        if kv.kv_scale is None or kv.kv_scale.shape != (2,) or kv.kv_scale.dtype != torch.float32:
+            raise ValueError("PackedFp8: per_tensor needs kv_scale fp32 [2]")
+    elif kv.scale in ("per_page", "per_page16"):
+        blocks = k8.shape[0] // FP8_ALIGN
+        if kv.key_scales is None or tuple(kv.key_scales.shape) != (k8.shape[1], blocks, 2, FP8_ALIGN) \
+                or kv.v_max is None or tuple(kv.v_max.shape) != (k8.shape[1], blocks):
+            raise ValueError("PackedFp8: per_page needs key_scales [H, blocks, 2, 128] and v_max [H, blocks]")
+    else:
+        raise ValueError(f"PackedFp8: scale {kv.scale!r} is not one of {tuple(KV_FP8_MODES)}")
+
+
 def _check_cu(name: str, t, device) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
         raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
@@ -221,6 +272,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                      lse_out: torch.Tensor | None = None):
     """Attention of packed varlen queries q [total_q, hq, d] over packed k, v [total_kv, hk, d].
 
+    k may instead be a ``gather.PackedFp8`` (``gather.gather_kv_fp8``; v = None): FP8 compute, Q
+    quantized per (token, head) on the way (``quant.quantize_rows``), sm_90a and d = 128 only.
     Returns out (q's dtype, [total_q, hq, d]), or (out, lse) with return_lse (lse fp32
     [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints, upper bounds of the lengths (not
     checked: that would read cu_seqlens on the host); rows past max_seqlen_q are not written.
@@ -233,15 +286,24 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     total_q, hq, d = q.shape
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim {d} is unsupported by the varlen prefill kernel ({HEAD_DIMS})")
-    for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"{name} must be [total_kv, num_kv_heads, head_dim], got {getattr(t, 'shape', t)}")
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} dtype {t.dtype} differs from q's {q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    from hip_kernels.gather import PackedFp8
+
+    fp8 = k if isinstance(k, PackedFp8) else None
+    if fp8 is not None:
+        if v is not None:
+            raise ValueError("with k = PackedFp8 (FP8 compute) v must be None: the pack holds V")
+        _check_fp8_pack(fp8, q, cu_seqlens_k)
+        k = fp8.k
+    else:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"{name} must be [total_kv, num_kv_heads, head_dim], got {getattr(t, 'shape', t)}")
+            if t.dtype != q.dtype:
+                raise ValueError(f"{name} dtype {t.dtype} differs from q's {q.dtype}")
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+        if k.shape != v.shape:
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
     total_kv, hk, dk = k.shape
     if dk != d:
         raise ValueError(f"k/v head_dim {dk} != q head_dim {d}")
@@ -277,7 +339,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"out must be {q.dtype} {tuple(q.shape)} on {q.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+    for name, t in (("q", q), ("k", k), ("v", v if fp8 is None else fp8.vt), ("out", out)):
         _check_aligned(name, t)
     if lse_out is not None:
         if lse_out.dtype != torch.float32 or tuple(lse_out.shape) != (total_q, hq) or not lse_out.is_contiguous() \
@@ -286,7 +348,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return_lse = True
     lse = lse_out if lse_out is not None else \
         torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    cfg = config_for(d, window, _device_arch(q.device) if q.is_cuda else None)
+    cfg = config_for(d, window, _device_arch(q.device) if q.is_cuda else None, fp8 is not None)
     if work is not None:
         if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
                 or work.shape[1] != 2 or not work.is_contiguous():
@@ -308,7 +370,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
 
     from hip_kernels import runtime
 
-    kern = runtime.load(_variant(d, _DTYPES[q.dtype], softcap > 0, cfg), q.device)
+    kv_fp8 = KV_FP8_MODES[fp8.scale] if fp8 is not None else 0
+    kern = runtime.load(_variant(d, _DTYPES[q.dtype], softcap > 0, cfg, kv_fp8), q.device)
     wsize = runtime.warp_size(kern.compiled.arch)
     if softcap > 0:
         a, c = scale / softcap, softcap * _LOG2E
@@ -321,12 +384,22 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         # Persistent: one CTA per SM walks the hq units of every work item.
         grid = min(-(-n_y * hq // 2), _num_sms(q.device) * cfg.ctas_per_sm)  # units go in pairs
         pack = gqa_pack(cfg, hq // hk)
+        if fp8 is not None:
+            from hip_kernels import quant
+
+            q8, q_scale = quant.quantize_rows(q)
+            tm_q, tm_v = tma.packed_rows_map(q8, cfg.block_m // pack, pack), tma.transposed_map(fp8.vt)
+            per_page = fp8.scale != "per_tensor"
+            tm_s = tma.rows_map(fp8.key_scales.view(hk, -1), 2 * cfg.block_n) if per_page else tm_v
+            fp8_args = (q_scale, fp8.kv_scale, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
+        else:
+            tm_q, tm_v = tma.packed_rows_map(q, cfg.block_m // pack, pack), tma.packed_rows_map(v, cfg.block_n)
+            tm_s, fp8_args = tm_v, (None, None, None, 0, None)
         kern(grid, cfg.threads(wsize),
-             tma.packed_rows_map(q, cfg.block_m // pack, pack), tma.packed_rows_map(k, cfg.block_n),
-             tma.packed_rows_map(v, cfg.block_n), out, lse, cu_seqlens_q, cu_seqlens_k, work,
-             semaphores(q.device, 2) if SCHEDULER == "dynamic" else None, sinks,
+             tm_q, tma.packed_rows_map(k, cfg.block_n), tm_v, tm_s, out, lse, cu_seqlens_q, cu_seqlens_k, work,
+             *fp8_args, semaphores(q.device, 2) if SCHEDULER == "dynamic" else None, sinks,
              out.stride(0), out.stride(1), n_y, hq, batch, hq // hk, max_tiles, int(causal), window, sink_tokens,
-             pack, runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d))
+             pack, runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d, kv_fp8))
         return (out, lse) if return_lse else out
     kern((hq, n_y), cfg.threads(wsize),
          q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,

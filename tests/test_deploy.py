@@ -92,6 +92,8 @@ def live_sample_names() -> set[str]:
     m = Metrics(reg, sample_rate=1.0, device_timing=False)
     facts = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=64)
     m.record_plan(plan([300, 1, 1, 3, 200], [40, 900, 100, 10, 64 * 200 + 1], facts, platform_for("sm_90a", use_tables=False), PlannerConfig()), 1e-5)
+    fp8 = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")
+    m.record_plan(plan([300], [40], fp8, platform_for("sm_90a", use_tables=False), PlannerConfig()), 1e-5)
     m.record_fallback("kernel_unavailable", "unified")
     m.record_compile("decode", 0.1, cache_hit=False)
     m.record_compile("decode", 0.01, cache_hit=True)
@@ -112,6 +114,7 @@ def test_dashboard_queries_only_metrics_we_export():
     assert referenced <= live, f"queried but never exported: {sorted(referenced - live)}"
     # Each thing the issue asks the dashboard to show is queried.
     for needed in ("atom_batches_total", "atom_routed_requests_total", "atom_gathered_bytes_total",
+                   "atom_varlen_compute_requests_total",
                    "atom_kernel_seconds_bucket", "atom_decode_num_splits_bucket", "atom_kernel_compiles_total"):
         assert needed in referenced
     assert any(e.startswith("histogram_quantile(0.99") and "atom_kernel_seconds_bucket" in e for e in exprs)

@@ -329,3 +329,18 @@ def test_device_events_time_a_kernel_without_sync():
     assert m.poll() == 0
     assert _value(reg, "atom_kernel_seconds_count", path="unified") == 5
     assert _value(reg, "atom_kernel_seconds_sum", path="unified") > 0
+
+
+def test_varlen_compute_precision_is_counted():
+    from dataclasses import replace as _replace
+
+    reg = CollectorRegistry()
+    m = Metrics(reg, sample_rate=0.0)
+    fp8 = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")
+    h100 = platform_for("sm_90a", use_tables=False)
+    m.record_plan(plan([4096, 300], [0, 100], fp8, h100, PlannerConfig()), 1e-5)
+    m.record_plan(plan([2048], [0], fp8, h100, PlannerConfig(fp8_compute=False)), 1e-5)
+    m.record_plan(plan([512], [0], _replace(fp8, kv_dtype="bf16", kv_scale_mode="none"), h100, PlannerConfig()), 1e-5)
+    assert _value(reg, "atom_varlen_compute_requests_total", compute="fp8", reason="preferred") == 2
+    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="forced_by_config") == 1
+    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="unsupported_kv_format") == 1

@@ -309,3 +309,54 @@ def test_whole_wave_splits_matches_the_definition():
 def test_removed_target_waves_setting_is_an_error():
     with pytest.raises(PlanError, match="ATOM_DECODE_WAVE_FILL"):
         PlannerConfig.from_env({"ATOM_TARGET_WAVES": "2"})
+
+
+# -- FP8 compute (docs/fp8.md) ------------------------------------------------------------------
+
+FP8_LLAMA = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")
+
+
+@pytest.mark.parametrize("facts, platform, config, fp8, reason", [
+    (FP8_LLAMA, H100, DEFAULT, True, "preferred"),
+    (replace(FP8_LLAMA, kv_scale_mode="per_page"), H100, DEFAULT, True, "preferred"),
+    (replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=1024, softcap=30.0), H100, DEFAULT, True, "preferred"),
+    # a scale per key (pages of no multiple of 16 keys): slower than dequantize + 16-bit
+    (replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=1), H100, DEFAULT, False, "cost"),
+    (replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=24), H100, DEFAULT, False, "cost"),
+    (FP8_LLAMA, H100, PlannerConfig(fp8_compute=False), False, "forced_by_config"),
+    (replace(FP8_LLAMA, head_dim=64), H100, DEFAULT, False, "unsupported_head_dim"),
+    (FP8_LLAMA, platform_for("gfx950", use_tables=False), DEFAULT, False, "kernel_unavailable"),
+    (LLAMA, H100, DEFAULT, False, "unsupported_kv_format"),
+], ids=["per_tensor", "per_page16", "page1024_softcap", "per_key_page1", "per_key_page24", "disabled", "d64",
+        "gfx950", "bf16_cache"])
+def test_fp8_compute_routing(facts, platform, config, fp8, reason):
+    p = plan([4096, 1, 300], [0, 900, 1200], facts, platform, config)
+    assert list(p.varlen) == [0, 2]
+    assert p.varlen_fp8 is fp8 and p.varlen_compute_reason.value == reason
+    # FP8 compute copies the cache's bytes; the 16-bit compute writes dequantized query-dtype K/V
+    per_token = facts.kv_bytes_per_token if fp8 else facts.gathered_bytes_per_token
+    assert p.gather_bytes == (4096 + 300 + 1200) * per_token
+
+
+def test_fp8_compute_env_flag():
+    assert PlannerConfig.from_env({}).fp8_compute
+    assert not PlannerConfig.from_env({"ATOM_FP8_COMPUTE": "0"}).fp8_compute
+    with pytest.raises(PlanError, match="ATOM_FP8_COMPUTE"):
+        PlannerConfig.from_env({"ATOM_FP8_COMPUTE": "maybe"})
+
+
+def test_fp8_compute_registry_selection():
+    """The registry's build selection of an FP8 model includes the FP8 prefill of the scale mode
+    the gather packs for its page size, the FP8-layout gather and Q's quantizer."""
+    from atom_backend.kernels import registry
+    from hip_kernels import prefill
+
+    for scale, page, mode in (("per_tensor", 16, 1), ("per_page", 16, 3), ("per_page", 1024, 3)):
+        sel = registry.select(replace(FP8_LLAMA, kv_scale_mode=scale, page_size=page), "sm_90a")
+        names = [v.name for v in sel.variants["varlen"]]
+        assert any(n.startswith("varlen_prefill_hopper") and f"KV_FP8={mode}" in n for n in names), names
+        assert any(n.startswith("atom_gather_kv_fp8") for n in names) and any(n.startswith("atom_quantize_rows") for n in names)
+    sel = registry.select(replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=1), "sm_90a")
+    assert any("KV_FP8=2" in v.name for v in sel.variants["varlen"])  # declared, though routed 16-bit
+    assert not any("KV_FP8" in v.name for v in registry.select(FP8_LLAMA, "gfx942").variants["varlen"])
+    assert prefill.fp8_compute_available(128, "sm_90a")

@@ -264,7 +264,12 @@ def test_variants_cover_every_launch():
                 for code in (0, 1):
                     for sc in (False, True):
                         assert prefill._variant(d, code, sc, prefill.config_for(d, window, arch)).name in names
-    assert len(names) == len(prefill.variants()) == 36
+                        if prefill.fp8_compute_available(d, arch or "sm_90a"):
+                            cfg = prefill.config_for(d, window, "sm_90a", fp8=True)
+                            for mode in prefill.KV_FP8_MODES.values():
+                                assert prefill._variant(d, code, sc, cfg, mode).name in names
+    # 36 bf16/fp16 bodies + the FP8-compute ones (d128: 2 dtypes x 2 soft-cap x 3 scale modes)
+    assert len(names) == len(prefill.variants()) == 48
 
 
 def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():

@@ -61,6 +61,12 @@ def _defines(v) -> dict:
     return {k: int(val) if val.lstrip("-").isdigit() else val for k, val in v.defines}
 
 
+# KV_FP8 define of the FP8-compute prefill -> (scale mode, page sizes served, role)
+_PREFILL_FP8 = {1: ("per_tensor", _PAGES, "fp8 compute, per-tensor scales"),
+                2: ("per_page", _PAGES, "fp8 compute, a scale per key"),
+                3: ("per_page", (16, 1024), "fp8 compute, a scale per 16 keys (pages of a multiple of 16)")}
+
+
 def _prefill_entries(mod, arch: str) -> list[Entry]:
     out = []
     small = getattr(mod, "SMALL_WINDOW", 1024)
@@ -70,7 +76,15 @@ def _prefill_entries(mod, arch: str) -> list[Entry]:
         if hd is None or code not in _Q:
             log.warning("registry: %s has no HEAD_DIM/DTYPE define; skipped", v.name)
             continue
-        tile = tuple((k, val) for k, val in sorted(d.items()) if k not in ("HEAD_DIM", "DTYPE", "SOFTCAP"))
+        tile = tuple((k, val) for k, val in sorted(d.items()) if k not in ("HEAD_DIM", "DTYPE", "SOFTCAP", "KV_FP8"))
+        if d.get("KV_FP8"):  # the FP8-compute body: an arch without it compiles an empty kernel
+            if not mod.fp8_compute_available(hd, arch):
+                continue
+            scale, pages, role = _PREFILL_FP8[d["KV_FP8"]]
+            feats = {"sinks", "window", "sink_tokens", "lse"} | ({"softcap"} if sc else set())
+            out.append(Entry("varlen_prefill_fp8", "varlen", _Q[code], _native_fp8(arch), (scale,), hd, pages,
+                             frozenset(feats), tile, (arch,), v.name, role))
+            continue
         roles = []
         for label, w in (("full", 0), ("window<=%d" % small, min(small, 128))):
             try:
@@ -90,6 +104,12 @@ def _gather_entries(mod, arch: str) -> list[Entry]:
         d = _defines(v)
         layout = {0: "vllm", 1: "sglang"}.get(d.get("GATHER_LAYOUT"), "?")
         role = f"layout={layout}"
+        if v.kernel == getattr(mod, "FP8_KERNEL", None):  # e4m3 bytes in the FP8 prefill's layout
+            scale = {1: "per_tensor", 2: "per_page"}[d["GATHER_SCALE"]]
+            for q in ("bf16", "fp16"):
+                out.append(Entry("gather_kv_fp8", "varlen", q, _native_fp8(arch), (scale,), 0, _PAGES, _ALL_FEATURES,
+                                 (), (arch,), v.name, role))
+            continue
         if not d.get("GATHER_FP8"):
             for q in ("bf16", "fp16"):  # a byte copy: the packed K/V keep the cache dtype
                 out.append(Entry("gather_kv", "varlen", q, "same", ("none",), 0, _PAGES, _ALL_FEATURES, (),
@@ -123,10 +143,17 @@ def _combine_entries(mod, arch: str) -> list[Entry]:
                   (), (arch,), v.name) for v in _module_variants(mod, arch)]
 
 
+def _quant_entries(mod, arch: str) -> list[Entry]:
+    return [Entry("quantize_rows", "varlen", _Q[_defines(v)["DTYPE"]], "*", SCALE_MODES, 0, (0, 0), _ALL_FEATURES,
+                  (), (arch,), v.name, "fp8 compute: Q to e4m3") for v in _module_variants(mod, arch)]
+
+
 _DERIVE = {"prefill": _prefill_entries, "gather": _gather_entries, "decode": _decode_entries,
-           "combine": _combine_entries}
+           "combine": _combine_entries, "quant": _quant_entries}
 # kernel name -> (path, module)
 KERNELS = {"varlen_prefill": ("varlen", "prefill"), "gather_kv": ("varlen", "gather"),
+           "varlen_prefill_fp8": ("varlen", "prefill"), "gather_kv_fp8": ("varlen", "gather"),
+           "quantize_rows": ("varlen", "quant"),
            "splitkv_decode": ("splitkv", "decode"), "combine": ("splitkv", "combine")}
 
 
@@ -160,12 +187,15 @@ def entries(arch: str | None = None) -> list[Entry]:
 
 @functools.lru_cache(maxsize=None)
 def path_caps(arch: str) -> dict[str, PathCaps]:
-    """{'varlen': PathCaps, 'splitkv': PathCaps} of one arch, for the planner."""
+    """{'varlen': PathCaps, 'varlen_fp8': PathCaps, 'splitkv': PathCaps} of one arch, for the
+    planner ('varlen_fp8': FP8 compute over an FP8 cache, inside the varlen path)."""
     arch = rules.compile_target(arch)
     es = entries_for(arch)
     group = lambda kernel, pred=lambda e: True: (kernel, tuple(e for e in es if e.kernel == kernel and pred(e)))
     return {
         "varlen": PathCaps(arch, (group("varlen_prefill"), group("gather_kv", lambda e: e.role == "layout=vllm"))),
+        "varlen_fp8": PathCaps(arch, (group("varlen_prefill_fp8"), group("gather_kv_fp8", lambda e: e.role == "layout=vllm"),
+                                      group("quantize_rows"))),
         "splitkv": PathCaps(arch, (group("splitkv_decode"), group("combine"))),
     }
 
@@ -183,7 +213,8 @@ def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, s
         cost = tables.cost_model(arch)
     return Platform(vendor="amd" if arch.startswith("gfx") else "nvidia", arch=rules.compile_target(arch),
                     num_sms=num_sms, varlen_kernel=varlen_kernel, splitkv_kernel=splitkv_kernel,
-                    varlen_caps=caps["varlen"], splitkv_caps=caps["splitkv"], cost=cost)
+                    varlen_caps=caps["varlen"], varlen_fp8_caps=caps["varlen_fp8"], splitkv_caps=caps["splitkv"],
+                    cost=cost)
 
 
 # --- selection -----------------------------------------------------------------------------
@@ -234,6 +265,8 @@ def select(facts, arch: str, *, max_query_tokens: int = 1) -> Selection:
             continue
         if path == "varlen":
             vs = _varlen_variants(mods, facts, arch)
+            if rules.check(caps["varlen_fp8"], sig) is None:
+                vs += [v for v in _fp8_variants(mods, facts, arch) if v not in vs]
         else:
             vs = _splitkv_variants(mods, facts, arch, max_query_tokens)
         declared = {e.variant for e in entries_for(arch)}
@@ -263,6 +296,22 @@ def _varlen_variants(mods, facts, arch):
     scale = facts.kv_scale_mode if fp8 else "per_tensor"
     out.append(gather.variant("vllm", fp8, _torch_dtype(facts.dtype), scale))
     return out
+
+
+def _fp8_variants(mods, facts, arch):
+    """FP8 compute's kernels: the prefill of the scale mode gather_kv_fp8 packs for this page
+    size, the gather, Q's quantizer."""
+    prefill, gather, quant = mods["prefill"], mods["gather"], mods["quant"]
+    code = {"bf16": 0, "fp16": 1}[facts.dtype]
+    scale = facts.kv_scale_mode
+    mode = prefill.KV_FP8_MODES["per_page16" if scale == "per_page" and facts.page_size % 16 == 0 else scale]
+    out = []
+    for w in _windows(facts):
+        v = prefill._variant(facts.head_dim, code, facts.softcap > 0,
+                             prefill.config_for(facts.head_dim, w, arch, fp8=True), mode)
+        if v not in out:
+            out.append(v)
+    return out + [gather.fp8_variant("vllm", scale), quant.variant(_torch_dtype(facts.dtype))]
 
 
 def _splitkv_variants(mods, facts, arch, max_query_tokens: int):

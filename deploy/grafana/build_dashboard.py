@@ -117,6 +117,15 @@ def build() -> dict:
             "Bytes per second the varlen gather writes into packed K and V (reads are about the same for bf16 KV).",
         ))
         .with_panel(panel(
+            "Varlen prefill compute precision", "reqps",
+            [q(f"sum by (compute, reason) (rate(atom_varlen_compute_requests_total{{{SEL}}}[{RI}]))",
+               "{{compute}}: {{reason}}", "A")],
+            "Varlen prefill requests computed in FP8 (FP8 cache, e4m3 tensor cores) or 16 bits, with the "
+            "reason when an FP8 cache is not computed in FP8 (forced_by_config: ATOM_FP8_COMPUTE=0; cost; "
+            "unsupported_*; kernel_unavailable).",
+            stack=True,
+        ))
+        .with_panel(panel(
             "Decode split count", "short",
             quantiles("atom_decode_num_splits", "", "")
             + [q(f"sum(rate(atom_decode_num_splits_sum{{{SEL}}}[{RI}])) / sum(rate(atom_decode_num_splits_count{{{SEL}}}[{RI}]))",

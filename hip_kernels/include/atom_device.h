@@ -145,10 +145,14 @@ ATOM_DEV u32 f32_as_u32(float f) {
 ATOM_DEV float neg_inf() { return __uint_as_float(0xff800000u); }
 ATOM_DEV float fmax_(float a, float b) { return fmaxf(a, b); }
 ATOM_DEV float fmin_(float a, float b) { return fminf(a, b); }
+ATOM_DEV float fabs_(float a) { return fabsf(a); }
+ATOM_DEV float rint_(float a) { return rintf(a); }  // round to nearest even
 #else
 ATOM_DEV float neg_inf() { return -__builtin_huge_valf(); }
 ATOM_DEV float fmax_(float a, float b) { return __builtin_fmaxf(a, b); }
 ATOM_DEV float fmin_(float a, float b) { return __builtin_fminf(a, b); }
+ATOM_DEV float fabs_(float a) { return __builtin_fabsf(a); }
+ATOM_DEV float rint_(float a) { return __builtin_rintf(a); }
 #endif
 
 // 2^x, fast hardware approximation (~1 ulp); exp2(-inf) = 0.
@@ -416,6 +420,36 @@ ATOM_DEV void fp8x4_to_f32x4(u32 w, float* f) {
   fp8x2_to_f32x2<false>(w, f[0], f[1]);
   fp8x2_to_f32x2<true>(w, f[2], f[3]);
 }
+// f32 -> e4m3, round to nearest even, saturating to the largest finite value (NaN stays NaN).
+ATOM_DEV u32 f32_to_fp8_e4m3_sw(float f, bool fnuz) {
+  const u32 sign = (f32_as_u32(f) >> 24) & 0x80u;
+  const float a = fabs_(f);
+  if (!(a == a)) return fnuz ? 0x80u : 0x7fu;
+  if (a >= (fnuz ? 240.f : 448.f)) return sign | (fnuz ? 0x7fu : 0x7eu);
+  const int bias = fnuz ? 8 : 7;
+  int E = (int)((f32_as_u32(a) >> 23) & 0xffu) - 127;
+  u32 mag;
+  if (E < 1 - bias) {  // subnormal: multiples of 2^(1 - bias - 3)
+    mag = (u32)rint_(a * u32_as_f32((u32)(127 + bias + 2) << 23));  // 0..8; 8 is the smallest normal
+  } else {
+    u32 q = (u32)rint_(a * u32_as_f32((u32)(127 + 3 - E) << 23));  // 8..16
+    if (q == 16u) { q = 8u; ++E; }
+    mag = ((u32)(E + bias) << 3) | (q - 8u);
+  }
+  return mag ? (sign | mag) : 0u;
+}
+// Two floats -> two e4m3 (the platform's flavour) in the low 16 bits, a in byte 0.
+ATOM_DEV u32 f32x2_to_fp8x2(float a, float b) {
+#if ATOM_NVIDIA && ATOM_HW_FP8_CVT
+  return (u32)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+#elif ATOM_AMD && ATOM_HW_FP8_CVT
+  return (u32)__builtin_amdgcn_cvt_pk_fp8_f32(a, b, 0, false) & 0xffffu;
+#else
+  return f32_to_fp8_e4m3_sw(a, ATOM_FP8_FNUZ) | (f32_to_fp8_e4m3_sw(b, ATOM_FP8_FNUZ) << 8);
+#endif
+}
+// Four floats -> four e4m3 in a u32, a in byte 0.
+ATOM_DEV u32 f32x4_to_fp8x4(float a, float b, float c, float d) { return f32x2_to_fp8x2(a, b) | (f32x2_to_fp8x2(c, d) << 16); }
 ATOM_DEV float fp8_to_f32(u8 b) {
   float a, c;
   fp8x2_to_f32x2<false>((u32)b, a, c);

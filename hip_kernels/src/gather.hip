@@ -153,3 +153,137 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// FP8 compute layout (hip_kernels.gather.gather_kv_fp8, read by varlen_prefill_hopper.hip with
+// KV_FP8): e4m3 bytes copied as they are, every request starting at a multiple of 128 rows
+// (cu_kp), rows past a request's keys zero:
+//   k8   [total_pad, H, D]     the keys
+//   vt8  [H, D, total_pad]     V transposed (FP8 wgmma reads B K-major), the keys of every 16
+//                              stored in the order sigma (atom_mma.h, to_operand_fp8)
+//   GATHER_SCALE 2 (per page): kvs [H][total_pad / 128][2][128] fp32, each 128-key block's K
+//   scales and its V scales divided by the block's largest (v_max [H][total_pad / 128]), both in
+//   the lane order of the prefill's softmax (key 16 nt + 8 h + 2 q + b at 32 q + 4 nt + 2 h + b).
+// One block of 256 threads per 128 rows: the rows of one request (or padding).
+// ---------------------------------------------------------------------------------------------
+#define FP8_ROWS 128
+
+ATOM_DEV int fp8_key_sigma(int p) { return 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1); }
+ATOM_DEV int fp8_lane_order(int j) { return 32 * ((j >> 1) & 3) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1); }
+
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8(
+    u8* __restrict__ k8, u8* __restrict__ vt8, float* __restrict__ kvs, float* __restrict__ v_max,
+    const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
+    const i32* __restrict__ cu_seqlens_k,   // [num_seqs + 1] keys
+    const i32* __restrict__ cu_kp,          // [num_seqs + 1] first rows, multiples of 128
+    const i32* __restrict__ seq_ids, const i32* __restrict__ table, const i32* __restrict__ indptr,
+    const float* __restrict__ k_descale, const float* __restrict__ v_descale,  // [num_blocks, H] (GATHER_SCALE 2)
+    i64 total_pad, i64 num_seqs, i64 table_stride, i64 page_size,
+    i64 page_stride, i64 slot_stride, i64 head_stride, i64 num_heads, i64 head_dim) {
+  __shared__ i64 s_off[FP8_ROWS];  // byte offset of the row's (page, slot); -1: padding
+  __shared__ i32 s_page[FP8_ROWS];
+  __shared__ u32 s_v[FP8_ROWS * (256 / 4 + 1)];  // one head's V rows, 4 bytes of padding per row
+  const i64 row0 = (i64)bid_x() * FP8_ROWS;
+  const int tid = (int)tid_x();
+  if (tid < FP8_ROWS) {
+    const i64 row = row0 + tid;
+    const i32 i = find_seq(cu_kp, (i32)num_seqs, row);
+    const i64 t = row - cu_kp[i];
+    i64 off = -1;
+    i32 page = 0;
+    if (t < (i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i])) {
+      const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
+      const i64 lp = t / page_size;
+#if GATHER_LAYOUT == 0
+      page = table[b * table_stride + lp];
+#else
+      page = table[(i64)indptr[b] + lp];
+#endif
+      off = page_offset(page, t - lp * page_size, 0, page_stride, slot_stride, 0);
+    }
+    s_off[tid] = off;
+    s_page[tid] = page;
+  }
+  sync_block();
+
+  // K: 16-byte chunks, several loads in flight per thread before the stores.
+  const u32 cph = (u32)(head_dim / 16), cpr = (u32)num_heads * cph, items = FP8_ROWS * cpr;
+  for (u32 base = tid; base < items; base += GATHER_THREADS * 4) {
+    u32x4 in[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const u32 it = base + u * GATHER_THREADS;
+      in[u] = u32x4{0u, 0u, 0u, 0u};
+      if (it < items) {
+        const u32 r = it / cpr, c = it - r * cpr, h = c / cph;
+        if (s_off[r] >= 0) in[u] = load16_stream(k_cache + s_off[r] + (i64)h * head_stride + (i64)(c - h * cph) * 16);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const u32 it = base + u * GATHER_THREADS;
+      if (it < items) store16_stream(k8 + (row0 * cpr + it) * 16, in[u]);
+    }
+  }
+
+  // V^T, one head at a time: rows into shared memory, then 16 keys x 4 dims per thread out.
+  const int wpr = (int)head_dim / 4 + 1;  // words per staged row
+  for (i64 h = 0; h < num_heads; ++h) {
+    for (u32 it = tid; it < FP8_ROWS * cph; it += GATHER_THREADS) {
+      const u32 r = it / cph, c = it - r * cph;
+      u32x4 w = u32x4{0u, 0u, 0u, 0u};
+      if (s_off[r] >= 0) w = load16_stream(v_cache + s_off[r] + h * head_stride + (i64)c * 16);
+      u32* d = s_v + r * wpr + 4 * c;
+      d[0] = w.x; d[1] = w.y; d[2] = w.z; d[3] = w.w;
+    }
+    sync_block();
+    for (int it = tid; it < (int)head_dim / 4 * (FP8_ROWS / 16); it += GATHER_THREADS) {
+      const int dq = it % ((int)head_dim / 4), g = it / ((int)head_dim / 4);
+      u32 w[16];
+#pragma unroll
+      for (int p = 0; p < 16; ++p) w[p] = s_v[(16 * g + fp8_key_sigma(p)) * wpr + dq];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 o[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          o[k] = ((w[4 * k] >> (8 * j)) & 0xffu) | (((w[4 * k + 1] >> (8 * j)) & 0xffu) << 8) |
+                 (((w[4 * k + 2] >> (8 * j)) & 0xffu) << 16) | (((w[4 * k + 3] >> (8 * j)) & 0xffu) << 24);
+        store16_stream(vt8 + (h * head_dim + 4 * dq + j) * total_pad + row0 + 16 * g, u32x4{o[0], o[1], o[2], o[3]});
+      }
+    }
+    sync_block();
+  }
+
+#if GATHER_SCALE == 2
+  // Key scales, two heads per pass (128 threads each); a block with no keys gets v_max 1.
+  float* s_max = reinterpret_cast<float*>(s_v);  // [2 heads][4 warps of 32 keys]
+  const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
+  for (i64 h0 = 0; h0 < num_heads; h0 += 2) {
+    const i64 h = h0 + tid / FP8_ROWS;
+    const int r = tid % FP8_ROWS;
+    float ks = 0.f, vs = 0.f;
+    if (h < num_heads && s_off[r] >= 0) {
+      ks = k_descale[(i64)s_page[r] * num_heads + h];
+      vs = v_descale[(i64)s_page[r] * num_heads + h];
+    }
+    float m = vs;
+    for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+    if (lane_id() == 0) s_max[tid / ATOM_WARP_SIZE] = m;
+    sync_block();
+    m = 0.f;
+    const int wpb = FP8_ROWS / ATOM_WARP_SIZE;  // warps per head
+    for (int w = 0; w < wpb; ++w) m = fmax_(m, s_max[(tid / FP8_ROWS) * wpb + w]);
+    m = m > 0.f ? m : 1.f;
+    if (h < num_heads) {
+      float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
+      dst[fp8_lane_order(r)] = ks;
+      dst[FP8_ROWS + fp8_lane_order(r)] = vs / m;
+      if (r == 0) v_max[h * blocks + blk] = m;
+    }
+    sync_block();
+  }
+#else
+  (void)kvs; (void)v_max; (void)k_descale; (void)v_descale;
+#endif
+}

@@ -26,6 +26,21 @@
 //   output               normalised O goes to its own shared buffer, then 16-byte coalesced
 //                        stores of the rows that belong to the request (a TMA store would write
 //                        over the next request's rows).
+//   FP8 (KV_FP8)         e4m3 operands on the tensor cores (wgmma k32), over the layout that
+//                        hip_kernels/gather.py's gather_kv_fp8 writes: K [total, hk, d] bytes,
+//                        V^T [hk, d, total] (FP8 wgmma takes B K-major only) with the keys of
+//                        every 16 permuted so that P's accumulator registers are the A fragment
+//                        as they stand (to_operand_fp8), requests 128-key aligned. Q arrives
+//                        quantized per (token, head) (hip_kernels/quant.py): its scale joins the
+//                        row's softmax scale. K/V scales: per tensor (K's in the softmax scale,
+//                        V's in the epilogue) or per key (KV_FP8 = 2: a page's scale copied to
+//                        its keys): S's columns are multiplied by K's, P's by V's relative to the
+//                        tile's largest (so P stays <= 1 in e4m3), and O's accumulator is kept in
+//                        units of the current tile's largest V scale (rescaled with the softmax).
+//                        KV_FP8 = 3 (pages of a multiple of 16 keys): every 16 keys share their
+//                        scales, so K's joins the exp2's multiplier and the row max is taken per
+//                        16 keys on the unscaled S (no multiply per element: the one on the path
+//                        from S to the max cost 20-30% of the kernel as KV_FP8 = 2).
 // Rows that a TMA box reads past a request (the next request's, or zero past the tensor) are
 // masked (keys) or never stored (queries); masked keys get P = 0 exactly.
 //
@@ -35,6 +50,9 @@
 // FMA pipe instead of the special-function unit; measured slower, kept for sweeps).
 // Built for a target without wgmma (every arch but sm_90a) the kernel has no body: the launcher
 // only selects it on sm_90a (hip_kernels/prefill.py), CI compiles it everywhere.
+// KV_FP8: 0 (16-bit Q/K/V), 1 (e4m3, per-tensor K/V scales), 2 (e4m3, per-key scales), 3 (e4m3,
+// scales per 16 keys, in KV_FP8 = 2's layout); FP8 needs
+// HEAD_DIM 128 and BLOCK_N 128 (one 128-byte swizzle panel per row of every operand).
 
 #include "atom_mma.h"
 #include "prefill_tiles.h"
@@ -66,6 +84,9 @@
 #ifndef Q_STAGES
 #define Q_STAGES 2
 #endif
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
 
 namespace atom_prefill {
 constexpr int NWG = CONSUMERS;
@@ -94,8 +115,18 @@ constexpr int BM = 64 * NWG;
 constexpr int BN = BLOCK_N;
 constexpr int NST = STAGES;
 constexpr int QST = Q_STAGES;
-constexpr int CPR = D / 8;  // 16-byte chunks per row
-constexpr int TILE = BN * D;
+constexpr int CPR = D / 8;  // 16-byte chunks of an output row
+constexpr bool kFp8 = KV_FP8 != 0;
+constexpr bool kKeyScales = KV_FP8 >= 2;
+// Scales shared by each 16 keys, read as scalars before S is waited for; K's then leave the path
+// from S to the row max, except with the soft-cap (which takes the scaled S).
+constexpr bool kGroupScales = KV_FP8 == 3;
+constexpr bool kGroupK = kGroupScales && !SOFTCAP;
+constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
+constexpr int EB = kFp8 ? 1 : 2;  // bytes per Q, K, V element
+constexpr int TILE = BN * D;      // elements of a K or V tile
+constexpr int SC_TILE = kKeyScales ? 2 * BN : 0;  // floats of a tile's key scales (K's, V's)
+static_assert(!kFp8 || (D == 128 && BN == 128), "FP8 prefill: head_dim 128, BLOCK_N 128");
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128, "Hopper prefill: BLOCK_N 64 or 128");
 static_assert(NWG >= 1 && NWG <= 3, "Hopper prefill: 1 to 3 consumer warpgroups");
@@ -107,16 +138,24 @@ static_assert(NST >= 2, "the K/V rings need two stages");
 // with three consumers: there the producer spills a few words (two threads, off the critical
 // path), since 8 more for it would make the consumers spill.
 constexpr int ENTRY_REGS = 65536 / (NTB * CTAS_PER_SM) / 8 * 8;
-constexpr int PRODUCER_REGS = NWG == 1 ? 56 : NWG == 2 ? 40 : 32;
-constexpr int CONSUMER_REGS = NWG == 1 ? 200 : NWG == 2 ? 232 : 160;
+constexpr int PRODUCER_REGS = NWG == 1 ? 56 : NWG == 2 ? (kKeyScales ? 56 : 40) : 32;
+constexpr int CONSUMER_REGS = NWG == 1 ? 200 : NWG == 2 ? (kKeyScales ? 224 : 232) : 160;
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
-constexpr int SMEM_BYTES = 2 * ((QST + 1) * BM * D + 2 * NST * TILE);  // Q ring, O, K ring, V ring
+// Q ring, O (16-bit), K ring, V ring, key-scale ring
+constexpr int SMEM_BYTES = EB * (QST * BM * D + 2 * NST * TILE) + 2 * BM * D + 4 * NST * SC_TILE;
 // + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
 // reserved per resident CTA, and a CTA may have 227 KB.
 static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
               "shared memory");
 typedef wg::sw128<BM> LQ;   // Q and O: [D/64][BM][64]
 typedef wg::sw128<BN> LKV;  // K and V tiles: [D/64][BN][64]
+
+template <bool V>
+struct kv_tag {
+  static constexpr bool value = V;
+};
+typedef kv_tag<false> is_k_tag;
+typedef kv_tag<true> is_v_tag;
 
 // Named barriers: 0 is the block's; turns 1..NWG; each consumer's epilogue NWG+1..2*NWG.
 ATOM_DEV int turn_bar(int grp) { return 1 + grp; }
@@ -135,7 +174,7 @@ constexpr int USLOTS = 4;     // units handed over ahead of the consumers
 // mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
 static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
 ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
-                      int hq, int batch, int q_per_kv, int max_tiles, int G) {
+                      const i32* __restrict__ cu_kp, int hq, int batch, int q_per_kv, int max_tiles, int G) {
   unit u;
   const int item = w / hq;
   const int rem = w - item * hq;
@@ -153,8 +192,8 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
   }
   u.q0 = cu_q[b];
   u.sq = cu_q[b + 1] - u.q0;
-  u.k0 = cu_k[b];
-  u.sk = cu_k[b + 1] - u.k0;
+  u.k0 = kFp8 ? cu_kp[b] : cu_k[b];  // FP8: the 128-aligned layout of gather_kv_fp8
+  u.sk = cu_k[b + 1] - cu_k[b];
   u.m0 = t * BM + sub * u.rows;
   u.live = u.m0 < u.sq;
   return u;
@@ -167,20 +206,29 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 // fp32 or null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles); sched:
 // two zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
+// FP8 only (else unused): tm_s, map of the key scales [hk][blocks of 128 keys][2][128] fp32
+// (KV_FP8 >= 2); q_scale [total_q, hq] fp32; kv_scale: the per-tensor K and V scales (2 fp32,
+// KV_FP8 = 1); v_max [hk][blocks] fp32, the largest V scale of each 128-key block (KV_FP8 >= 2);
+// cu_kp: the requests' first rows in the 128-aligned K / V^T layout (keys: cu_k).
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
 varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CONSTANT tma_desc tm_k,
-                      const ATOM_GRID_CONSTANT tma_desc tm_v, u16* __restrict__ o, float* __restrict__ lse,
+                      const ATOM_GRID_CONSTANT tma_desc tm_v, const ATOM_GRID_CONSTANT tma_desc tm_s,
+                      u16* __restrict__ o, float* __restrict__ lse,
                       const i32* __restrict__ cu_q, const i32* __restrict__ cu_k, const i32* __restrict__ work,
+                      const float* __restrict__ q_scale, const float* __restrict__ kv_scale,
+                      const float* __restrict__ v_max, i64 v_max_blocks, const i32* __restrict__ cu_kp,
                       i32* __restrict__ sched, const float* __restrict__ sinks, i64 o_st, i64 o_sh, i64 n_items, i64 hq_i, i64 batch_i,
                       i64 q_per_kv_i, i64 max_tiles_i, i64 causal_i, i64 window_i, i64 sink_tok_i, i64 pack_i,
                       float a_log2, float c_log2) {
 #if ATOM_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  u16* sQ = reinterpret_cast<u16*>(wg::align1024(smem_raw));
-  u16* sO = sQ + QST * BM * D;
-  u16* sK = sO + BM * D;
-  u16* sV = sK + NST * TILE;
-  u64* bars = reinterpret_cast<u64*>(sV + NST * TILE);
+  // Byte layout: Q ring, O, K ring, V ring, key-scale ring, barriers (every part 1024-aligned but the last two).
+  unsigned char* sQ = static_cast<unsigned char*>(wg::align1024(smem_raw));
+  u16* sO = reinterpret_cast<u16*>(sQ + EB * QST * BM * D);
+  unsigned char* sK = reinterpret_cast<unsigned char*>(sO + BM * D);
+  unsigned char* sV = sK + EB * NST * TILE;
+  float* sS = reinterpret_cast<float*>(sV + EB * NST * TILE);
+  u64* bars = reinterpret_cast<u64*>(sS + NST * SC_TILE);
   u64 *fullQ = bars, *emptyQ = bars + QST, *fullK = bars + 2 * QST, *emptyK = fullK + NST, *fullV = emptyK + NST,
       *emptyV = fullV + NST, *fullU = emptyV + NST, *emptyU = fullU + USLOTS;
   int* sU = reinterpret_cast<int*>(emptyU + USLOTS);  // USLOTS slots of UNIT_INTS: the units handed over
@@ -194,6 +242,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     wg::tma_prefetch_desc(&tm_q);
     wg::tma_prefetch_desc(&tm_k);
     wg::tma_prefetch_desc(&tm_v);
+    if (kKeyScales) wg::tma_prefetch_desc(&tm_s);
     for (int s = 0; s < QST; ++s) {
       wg::mbar_init(fullQ + s, 1);
       wg::mbar_init(emptyQ + s, 4 * NWG);  // one arrival per consumer warp
@@ -248,8 +297,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int pairs = (total + 1) / 2;
       int p = (int)bid_x(), pn = claim();
       while (p < pairs) {
-        const unit u0 = unit_of(2 * p, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles, G);
-        const unit u1 = unit_of(2 * p + 1 < total ? 2 * p + 1 : 2 * p, work, cu_q, cu_k, hq, batch, q_per_kv, max_tiles, G);
+        const unit u0 = unit_of(2 * p, work, cu_q, cu_k, cu_kp, hq, batch, q_per_kv, max_tiles, G);
+        const unit u1 = unit_of(2 * p + 1 < total ? 2 * p + 1 : 2 * p, work, cu_q, cu_k, cu_kp, hq, batch, q_per_kv,
+                                max_tiles, G);
         const bool second = 2 * p + 1 < total;
         p = sched != nullptr ? pn : p + (int)gdim_x();
         if (sched != nullptr && p < pairs) pn = claim();  // its latency hides under the hand-over
@@ -268,16 +318,29 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     } else if (tid_x() == 0) {
       int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stages, phases)
       // Shared-memory addresses as one 32-bit base and constant offsets: this thread has few registers.
-      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * (QST + 1) * BM * D, a_v = a_k + 2 * NST * TILE,
-                a_bar = a_v + 2 * NST * TILE;
+      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + EB * QST * BM * D + 2 * BM * D, a_v = a_k + EB * NST * TILE,
+                a_s = a_v + EB * NST * TILE, a_bar = a_s + 4 * NST * SC_TILE;
       const u32 a_fullQ = a_bar, a_emptyQ = a_bar + 8 * QST, a_fullK = a_bar + 16 * QST, a_emptyK = a_fullK + 8 * NST,
                 a_fullV = a_emptyK + 8 * NST, a_emptyV = a_fullV + 8 * NST;
-      auto load_kv = [&](const tma_desc* map, u32 ring, u32 full, u32 empty, int idx, int row, int g) {
+      // A K tile (with its key scales, KV_FP8 >= 2) or V tile of BN keys from `row` of KV head g.
+      auto load_kv = [&](auto which, u32 full, u32 empty, int idx, int row, int g) {
+        constexpr bool is_v = decltype(which)::value;  // a compile-time choice: this thread is short of registers
         const int s = idx % NST;
+        const u32 ring = is_v ? a_v : a_k;
         wg::mbar_wait(empty + 8 * s, ((idx / NST) & 1) ^ 1);
-        wg::mbar_arrive_expect_tx(full + 8 * s, TILE * 2);
+        wg::mbar_arrive_expect_tx(full + 8 * s, TILE * EB + (is_v ? 0 : SC_TILE * 4));
+        if constexpr (kFp8) {
+          if constexpr (is_v) {
+            wg::tma_load_3d(ring + s * TILE, &tm_v, full + 8 * s, row, 0, g);  // V^T: [D][BN] bytes
+          } else {
+            wg::tma_load_3d(ring + s * TILE, &tm_k, full + 8 * s, 0, g, row);
+            if (kKeyScales) wg::tma_load_2d(a_s + 4 * s * SC_TILE, &tm_s, full + 8 * s, 2 * row, g);
+          }
+        } else {
 #pragma unroll
-        for (int p = 0; p < D / 64; ++p) wg::tma_load_3d(ring + 2 * (s * TILE + p * BN * 64), map, full + 8 * s, p * 64, g, row);
+          for (int p = 0; p < D / 64; ++p)
+            wg::tma_load_3d(ring + 2 * (s * TILE + p * BN * 64), is_v ? &tm_v : &tm_k, full + 8 * s, p * 64, g, row);
+        }
       };
       for (int un = 0;; ++un) {
         const unit u = take_unit(un);
@@ -285,20 +348,20 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if (!u.live) break;
         const kv_walk kw(u.sq, u.sk, u.m0, u.rows, BN, causal, W, S);
         // K(0) first: its stage is free long before the consumers hand Q back.
-        if (kw.n_iter > 0) load_kv(&tm_k, a_k, a_fullK, a_emptyK, base, u.k0 + kw.tile(0) * BN, u.g);
+        if (kw.n_iter > 0) load_kv(is_k_tag{}, a_fullK, a_emptyK, base, u.k0 + kw.tile(0) * BN, u.g);
         const int qs = qn % QST;
         wg::mbar_wait(a_emptyQ + 8 * qs, ((qn / QST) & 1) ^ 1);
-        wg::mbar_arrive_expect_tx(a_fullQ + 8 * qs, BM * D * 2);
+        wg::mbar_arrive_expect_tx(a_fullQ + 8 * qs, BM * D * EB);
 #pragma unroll
-        for (int p = 0; p < D / 64; ++p)
-          wg::tma_load_3d(a_q + 2 * (qs * BM * D + p * BM * 64), &tm_q, a_fullQ + 8 * qs, p * 64, u.h0, u.q0 + u.m0);
+        for (int p = 0; p < D * EB / 128; ++p)
+          wg::tma_load_3d(a_q + EB * (qs * BM * D + p * BM * 64), &tm_q, a_fullQ + 8 * qs, p * 64, u.h0, u.q0 + u.m0);
         ++qn;
         // K(i) runs ahead of V(i - 1): round i of the consumers needs both.
         for (int it = 1; it < kw.n_iter; ++it) {
-          load_kv(&tm_k, a_k, a_fullK, a_emptyK, base + it, u.k0 + kw.tile(it) * BN, u.g);
-          load_kv(&tm_v, a_v, a_fullV, a_emptyV, base + it - 1, u.k0 + kw.tile(it - 1) * BN, u.g);
+          load_kv(is_k_tag{}, a_fullK, a_emptyK, base + it, u.k0 + kw.tile(it) * BN, u.g);
+          load_kv(is_v_tag{}, a_fullV, a_emptyV, base + it - 1, u.k0 + kw.tile(it - 1) * BN, u.g);
         }
-        if (kw.n_iter > 0) load_kv(&tm_v, a_v, a_fullV, a_emptyV, base + kw.n_iter - 1, u.k0 + kw.tile(kw.n_iter - 1) * BN, u.g);
+        if (kw.n_iter > 0) load_kv(is_v_tag{}, a_fullV, a_emptyV, base + kw.n_iter - 1, u.k0 + kw.tile(kw.n_iter - 1) * BN, u.g);
         base += kw.n_iter;
       }
     }
@@ -327,7 +390,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #else
     constexpr bool kSoftcap = false;
 #endif
-    const float a_eff = kSoftcap ? 1.f : a_log2;
+    // Per-tensor FP8 scales: K's joins the softmax scale, V's the epilogue's.
+    const float k_scale = KV_FP8 == 1 ? kv_scale[0] : 1.f, v_scale = KV_FP8 == 1 ? kv_scale[1] : 1.f;
 
     for (;; ++un) {
       const unit u = take_unit(un);
@@ -339,17 +403,25 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // Key positions of this warpgroup's first and last query row, and of this lane's rows.
       const int wp_first = off + u.m0 + 64 * grp / G, wp_last = off + u.m0 + (64 * grp + 63) / G;
       int tok[acc_t::row_slots], head[acc_t::row_slots], pos[acc_t::row_slots];
+      // a_row: the row's scale of S in log2 units (FP8: times Q's scale and K's per-tensor one);
+      // a_eff: the same after the soft-cap (which takes the scale first).
+      float a_row[acc_t::row_slots], a_eff[acc_t::row_slots];
 #pragma unroll
       for (int s = 0; s < acc_t::row_slots; ++s) {
         const int r = 64 * grp + 16 * warp + acc_t::slot_row(s);
         tok[s] = u.m0 + r / G;
         head[s] = u.h0 + r % G;
         pos[s] = off + tok[s];
+        a_row[s] = a_log2;
+        if (kFp8 && tok[s] < u.sq) a_row[s] *= q_scale[(i64)(u.q0 + tok[s]) * hq + head[s]] * k_scale;
+        a_eff[s] = kSoftcap ? 1.f : a_row[s];
       }
+      // KV_FP8 >= 2: O's accumulator is in units of v_ref, the largest V scale of the last tile.
+      float v_ref = 1.f;
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
-      op_t pf[BN / 16];
+      op_t pf[kFp8 ? BN / 32 : BN / 16];  // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments)
       float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
@@ -366,31 +438,84 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       auto free_k = [&](int it) { if (releaser) wg::mbar_arrive(emptyK + stage(it)); };
       auto free_v = [&](int it) { if (releaser) wg::mbar_arrive(emptyV + stage(it)); };
       const int qs = qn % QST;
-      const u16* sQs = sQ + qs * BM * D;
+      const unsigned char* sQs = sQ + EB * qs * BM * D;
       auto free_q = [&]() { if (releaser) wg::mbar_arrive(emptyQ + qs); };
       auto issue_s = [&](int it) {  // S = Q K^T of tile it
-        const u16* sKs = sK + stage(it) * TILE;
+        const unsigned char* sKs = sK + EB * stage(it) * TILE;
+        if constexpr (kFp8) {  // rows of 128 bytes: K steps of 32 bytes inside the swizzle atom
 #pragma unroll
-        for (int kc = 0; kc < D / 16; ++kc)
-          wg::op<BN, DT>::ss(sacc, wg::desc_k(sQs + LQ::off(64 * grp, kc * 16)), wg::desc_k(sKs + LKV::off(0, kc * 16)), kc);
+          for (int kc = 0; kc < D / 32; ++kc)
+            wg::op8<BN>::ss(sacc, wg::desc_bits(sQs + 64 * grp * D + kc * 32, 16, 1024), wg::desc_bits(sKs + kc * 32, 16, 1024), kc);
+        } else {
+          const u16 *q16 = reinterpret_cast<const u16*>(sQs), *k16 = reinterpret_cast<const u16*>(sKs);
+#pragma unroll
+          for (int kc = 0; kc < D / 16; ++kc)
+            wg::op<BN, DT>::ss(sacc, wg::desc_k(q16 + LQ::off(64 * grp, kc * 16)), wg::desc_k(k16 + LKV::off(0, kc * 16)), kc);
+        }
         wg::commit();
       };
       auto issue_pv = [&](int it) {  // O += P V of tile it
-        const u16* sVs = sV + stage(it) * TILE;
+        const unsigned char* sVs = sV + EB * stage(it) * TILE;
+        if constexpr (kFp8) {  // V^T [D][BN]: K-major, keys in steps of 32 bytes
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wg::op<D, DT>::rs_t(oacc, pf[kk], wg::desc_mn<BN>(sVs + LKV::off(kk * 16, 0)));
+          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pf[kk], wg::desc_bits(sVs + kk * 32, 16, 1024));
+        } else {
+          const u16* v16 = reinterpret_cast<const u16*>(sVs);
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) wg::op<D, DT>::rs_t(oacc, pf[kk], wg::desc_mn<BN>(v16 + LKV::off(kk * 16, 0)));
+        }
         wg::commit();
       };
       // Mask and online softmax (log2 units) of tile it: sacc becomes P; alpha rescales O and l,
-      // rs holds this lane's part of P's row sums.
-      auto softmax = [&](int it, float* alpha, float* rs) {
+      // rs holds this lane's part of P's row sums; vfac: O's extra factor (KV_FP8 >= 2: the ratio
+      // of the previous tile's largest V scale to this one's).
+      // Key scales (KV_FP8 >= 2) sit in the stage as [K's, V's] x 128, each in lane order: lane
+      // quad q reads its 32 columns 16 nt + 8 h + 2 q + b at 32 q + 4 nt + 2 h + b, as 8 float4.
+      auto key_scales = [&](int it, int which, int nt) {
+        const float* p = sS + stage(it) * SC_TILE + which * BN + 32 * (int)(lane_id() & 3) + 4 * nt;
+        return *reinterpret_cast<const float4*>(p);
+      };
+      auto pick = [](const float4& v, int e) {
+        const int i = (e >> 2) * 2 + (e & 1);
+        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+      };
+      // KV_FP8 = 3: a tile's 16-key group scales (K's, V's), one broadcast read each, loaded
+      // before S is waited for. K's > 0: a zero-scale page's bytes are zero (the floor keeps
+      // -inf * 0 from making a NaN of a masked key).
+      float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
+      auto load_groups = [&](int it) {
+        if constexpr (kGroupScales) {
+          const float* p = sS + stage(it) * SC_TILE;
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            gk[nt] = fmax_(p[4 * nt], 1e-30f);
+            gv[nt] = p[BN + 4 * nt];
+          }
+        }
+      };
+      auto softmax = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(sacc);
         const int j0 = kw.tile(it) * BN;
+        float v_tile = 1.f;
+        if constexpr (kKeyScales) v_tile = v_max[(i64)u.g * v_max_blocks + (u.k0 + j0) / BN];
+        if constexpr (kGroupScales && !kGroupK) {
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= gk[nt];
+        } else if constexpr (kKeyScales && !kGroupScales) {
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            const float4 ks = key_scales(it, 0, nt);
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= pick(ks, e);
+          }
+        }
 #if SOFTCAP
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-          for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = softcap_fn(sacc[nt].x[e] * a_log2, c_log2);
+          for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = softcap_fn(sacc[nt].x[e] * a_row[acc_t::row_slot(e)], c_log2);
 #endif
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
 #pragma unroll
@@ -404,14 +529,25 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = m_run[s];
 #pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt)
+        for (int nt = 0; nt < BN / 16; ++nt) {
+          if constexpr (kGroupK) {  // max of K's scale times the group's unscaled max (scale > 0)
+            float gm[acc_t::row_slots];
 #pragma unroll
-          for (int e = 0; e < acc_t::ne; ++e) mx[acc_t::row_slot(e)] = fmax_(mx[acc_t::row_slot(e)], sacc[nt].x[e]);
+            for (int s = 0; s < acc_t::row_slots; ++s) gm[s] = neg_inf();
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) gm[acc_t::row_slot(e)] = fmax_(gm[acc_t::row_slot(e)], sacc[nt].x[e]);
+#pragma unroll
+            for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = fmax_(mx[s], gm[s] * gk[nt]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) mx[acc_t::row_slot(e)] = fmax_(mx[acc_t::row_slot(e)], sacc[nt].x[e]);
+          }
+        }
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
           mx[s] = acc_t::row_max(mx[s]);
-          msc[s] = mx[s] == neg_inf() ? 0.f : mx[s] * a_eff;  // nothing visible yet: exp2 gives 0, not NaN
-          alpha[s] = exp2_(m_run[s] * a_eff - msc[s]);
+          msc[s] = mx[s] == neg_inf() ? 0.f : mx[s] * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
+          alpha[s] = exp2_(m_run[s] * a_eff[s] - msc[s]);
           m_run[s] = mx[s];
           rs[s] = 0.f;
         }
@@ -420,28 +556,52 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) {
             const int s = acc_t::row_slot(e);
-            const float arg = sacc[nt].x[e] * a_eff - msc[s];
+            const float arg = sacc[nt].x[e] * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
             sacc[nt].x[e] = pv;
             rs[s] += pv;
           }
+        vfac = 1.f;
+        if constexpr (kGroupScales) {
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= gv[nt];
+        }
+        if constexpr (kKeyScales) {  // P V in units of this tile's largest V scale: P's e4m3 stays <= 1
+#pragma unroll
+          for (int nt = 0; nt < BN / 16 && !kGroupScales; ++nt) {
+            const float4 vr = key_scales(it, 1, nt);
+#pragma unroll
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= pick(vr, e);
+          }
+          vfac = v_ref / v_tile;
+          v_ref = v_tile;
+        }
       };
       // After O += P V of the previous tile completed: rescale O, update l, P -> operand registers.
-      auto finish = [&](const float* alpha, const float* rs) {
+      auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
+        float of[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
           l_run[s] = l_run[s] * alpha[s] + rs[s];
-          moved |= alpha[s] != 1.f;
+          of[s] = alpha[s] * vfac;
+          moved |= of[s] != 1.f;
         }
         if (mma::warp_any(moved)) {
 #pragma unroll
           for (int dt = 0; dt < D / 16; ++dt)
 #pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= alpha[acc_t::row_slot(e)];
+            for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= of[acc_t::row_slot(e)];
         }
+        if constexpr (kFp8) {
 #pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt) mma::to_operand<DT>(pf[nt], sacc[nt]);
+          for (int kk = 0; kk < BN / 32; ++kk) wg::to_operand_fp8(pf[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt) mma::to_operand<DT>(pf[nt], sacc[nt]);
+        }
       };
 
       wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
@@ -449,17 +609,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       if (n_iter == 0) {
         free_q();
       } else {
-        float alpha[acc_t::row_slots], rs[acc_t::row_slots];
+        float alpha[acc_t::row_slots], rs[acc_t::row_slots], vfac;
         wait_k(0);
         turn_wait();
         wg::fence();
         issue_s(0);
         turn_pass();
+        load_groups(0);
         wg::wait<0>();
-        free_k(0);
+        if (!kLateFreeK) free_k(0);
         if (n_iter == 1) free_q();
-        softmax(0, alpha, rs);
-        finish(alpha, rs);
+        softmax(0, alpha, rs, vfac);
+        if (kLateFreeK) free_k(0);
+        finish(alpha, rs, vfac);
         for (int it = 1; it < n_iter; ++it) {
           wait_k(it);
           wait_v(it - 1);
@@ -468,15 +630,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           issue_s(it);
           issue_pv(it - 1);
           turn_pass();
+          load_groups(it);
           wg::wait<1>();  // S(it) done; the softmax overlaps O += P V of tile it - 1
-          free_k(it);
+          if (!kLateFreeK) free_k(it);  // KV_FP8 = 2: the key scales in K's stage are read by the softmax
           if (it == n_iter - 1) free_q();
-          softmax(it, alpha, rs);
+          softmax(it, alpha, rs, vfac);
+          if (kLateFreeK) free_k(it);
           wg::wait<0>();
           free_v(it - 1);
           wg::fence_regs(oacc);
           wg::fence_regs(pf);
-          finish(alpha, rs);
+          finish(alpha, rs, vfac);
         }
         wait_v(n_iter - 1);
         turn_wait();
@@ -500,11 +664,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
-            const float m2 = m_run[s] * a_eff;
+            const float m2 = m_run[s] * a_eff[s];
             lse_v = (m2 + log2_(l)) * kLn2;
             float den = l;
             if (sinks != nullptr) den += exp2_(sinks[head[s]] * kLog2e - m2);
-            inv[s] = 1.f / den;
+            inv[s] = (KV_FP8 == 1 ? v_scale : kKeyScales ? v_ref : 1.f) / den;
           }
           if (lse != nullptr && acc_t::row_leader() && tok[s] < u.sq) lse[(i64)(u.q0 + tok[s]) * hq + head[s]] = lse_v;
         }
@@ -537,7 +701,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
   }
 #else
-  (void)tm_q; (void)tm_k; (void)tm_v; (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
+  (void)tm_q; (void)tm_k; (void)tm_v; (void)tm_s; (void)q_scale; (void)kv_scale; (void)v_max; (void)v_max_blocks; (void)cu_kp;
+  (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
   (void)o_st; (void)o_sh; (void)n_items; (void)hq_i; (void)batch_i; (void)q_per_kv_i; (void)max_tiles_i;
   (void)causal_i; (void)window_i; (void)sink_tok_i; (void)pack_i; (void)a_log2; (void)c_log2;
   __builtin_trap();  // no wgmma / TMA on this target: the launcher never selects this kernel here

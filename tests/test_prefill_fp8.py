@@ -1,0 +1,273 @@
+"""FP8 compute prefill: gather_kv_fp8's layout, quantize_rows, and the FP8 Hopper kernel against
+the reference on the dequantised cache (DESIGN.md "FP8 compute": tolerances.fp8_compute_bound).
+
+GPU tests (-m gpu, sm_90a for the kernel): page sizes 1 / 16 / 1024, per-tensor and per-page
+scales with a jump of 2^3 between adjacent pages, vLLM and SGLang page tables, permuted pages
+including the pool's last, a pool over 4 GiB, and the must-have attention cases of DESIGN.md.
+CPU tests: the layout constants the kernel and the gather share, plan-time errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom_backend import reference as ref
+from atom_backend.tolerances import assert_close, assert_lse_close, errors, fp8_compute_bound, fp8_compute_lse_bound
+from hip_kernels import gather, prefill
+
+DEV = "cuda"
+
+
+def _sm90a() -> bool:
+    return torch.cuda.is_available() and prefill._default_arch() in prefill.WGMMA_ARCHS
+
+
+def fp8_cache(seqs_k, hk, d, page_size, *, per_page, seed=0, extra_pages=3, num_blocks=None):
+    """A random e4m3 cache holding the keys of requests of lengths seqs_k, pages permuted (the
+    pool's last page used), scales per page alternating by 2^3 (or per tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // page_size) for n in seqs_k]
+    nb = num_blocks or sum(need) + extra_pages
+    # sum(need) distinct pages in random order, the pool's last page among them
+    others = torch.randperm(nb - 1, generator=g)[: sum(need) - 1]
+    perm = torch.cat([others, torch.tensor([nb - 1])])[torch.randperm(sum(need), generator=g)]
+    width = max(need + [1])
+    table = torch.zeros(len(seqs_k), width, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[at: at + n].to(torch.int32)
+        at += n
+    fp8 = torch.float8_e4m3fn
+    shape = (nb, page_size, hk, d)
+    k_cache = torch.empty(shape, dtype=fp8, device=DEV)
+    v_cache = torch.empty(shape, dtype=fp8, device=DEV)
+    used = perm.to(DEV).long()
+    k_cache[used] = (torch.randn((len(used), page_size, hk, d), generator=g) * 2).to(fp8).to(DEV)
+    v_cache[used] = (torch.randn((len(used), page_size, hk, d), generator=g) * 2).to(fp8).to(DEV)
+    if per_page:
+        # Adjacent pages of a request differ by 2^3 (the CK V3 page-transition case), plus noise.
+        base = torch.tensor([0.05, 0.4])[torch.arange(nb) % 2][:, None] * (1 + 0.1 * torch.rand(nb, hk, generator=g))
+        kd = base.clone()
+        vd = base.flip(0).clone() * 0.5
+        kd_full, vd_full = torch.empty(nb, hk), torch.empty(nb, hk)
+        kd_full[perm] = kd[: len(perm)]  # logical order of the pages decides the alternation
+        vd_full[perm] = vd[: len(perm)]
+        kd_full[~torch.isin(torch.arange(nb), perm)] = 1.0
+        vd_full[~torch.isin(torch.arange(nb), perm)] = 1.0
+        scales = {"k_descale": kd_full.to(DEV).contiguous(), "v_descale": vd_full.to(DEV).contiguous()}
+    else:
+        scales = {"k_scale": 0.07, "v_scale": 0.11}
+    return k_cache, v_cache, table.to(DEV), scales
+
+
+def _cu(lens):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=DEV)
+
+
+def pack(k_cache, v_cache, table, seqs_k, scales, layout="vllm"):
+    cu_kp_h = gather.fp8_padded_starts(seqs_k)
+    kw = {"block_table": table}
+    if layout == "sglang":
+        ps = k_cache.shape[1]
+        idx = [table[b, : -(-n // ps)] for b, n in enumerate(seqs_k)]
+        kw = {"kv_indptr": _cu([len(x) for x in idx]), "kv_page_indices": torch.cat(idx).contiguous()}
+    return gather.gather_kv_fp8(k_cache, v_cache, _cu(seqs_k), torch.tensor(cu_kp_h, dtype=torch.int32, device=DEV),
+                                cu_kp_h[-1], **kw, **scales)
+
+
+def unpack(p: gather.PackedFp8, seqs_k):
+    """Dequantised packed K, V [sum(seqs_k), H, D] (float32, CPU) from the FP8 layout."""
+    k8, vt = p.k.cpu().float(), p.vt.cpu().float()
+    H, D, total = vt.shape
+    order = torch.tensor(gather.FP8_KEY_ORDER)
+    # position p of each 16 holds key order[p]: undo it
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(16))
+    v = vt.reshape(H, D, total // 16, 16)[..., inv].reshape(H, D, total).permute(2, 0, 1)
+    if p.scale == "per_tensor":
+        ks, vs = p.kv_scale.cpu()
+        kf, vf = k8 * ks, v * vs
+    else:
+        lane = gather.fp8_lane_order()
+        sc = p.key_scales.cpu()  # [H, blocks, 2, 128] in lane order
+        nat = torch.empty_like(sc)
+        nat[..., lane] = sc
+        kd = nat[:, :, 0, :].reshape(H, -1).t()  # [total, H]
+        vd = (nat[:, :, 1, :] * p.v_max.cpu()[:, :, None]).reshape(H, -1).t()
+        kf, vf = k8 * kd[:, :, None], v * vd[:, :, None]
+    cu = p.cu_kp.cpu().tolist()
+    ks_, vs_, pads = [], [], []
+    for b, n in enumerate(seqs_k):
+        ks_.append(kf[cu[b]: cu[b] + n])
+        vs_.append(vf[cu[b]: cu[b] + n])
+        pads.append((k8[cu[b] + n: cu[b + 1]], v[cu[b] + n: cu[b + 1]]))
+    return torch.cat(ks_), torch.cat(vs_), pads
+
+
+# --- CPU ----------------------------------------------------------------------------------------
+
+
+def test_key_order_is_the_fragment_permutation():
+    """sigma(4q + i) = 2q + (i & 1) + 8 (i >> 1): lane q's accumulator columns, in A-fragment order."""
+    order = gather.FP8_KEY_ORDER
+    assert sorted(order) == list(range(16))
+    for q in range(4):
+        assert [order[4 * q + i] for i in range(4)] == [2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q]
+
+
+def test_lane_order_matches_softmax_reads():
+    """Lane quad q reads float4 at 32 q + 4 nt: keys 16 nt + {2q, 2q+1, 8+2q, 9+2q}."""
+    lane = gather.fp8_lane_order()
+    assert sorted(lane.tolist()) == list(range(128))
+    for q in range(4):
+        for nt in range(8):
+            at = 32 * q + 4 * nt
+            assert lane[at: at + 4].tolist() == [16 * nt + 2 * q, 16 * nt + 2 * q + 1, 16 * nt + 8 + 2 * q, 16 * nt + 9 + 2 * q]
+
+
+def test_padded_starts():
+    assert gather.fp8_padded_starts([0, 1, 128, 129, 5]) == [0, 0, 128, 256, 512, 640]
+
+
+def test_fp8_config_and_errors():
+    assert prefill.fp8_compute_available(128, "sm_90a")
+    assert not prefill.fp8_compute_available(64, "sm_90a") and not prefill.fp8_compute_available(128, "gfx942")
+    assert prefill.config_for(128, 128, "sm_90a", fp8=True).block_m == prefill.config_for(128, 0, "sm_90a").block_m
+    with pytest.raises(ValueError, match="FP8-compute"):
+        prefill.config_for(64, 0, "sm_90a", fp8=True)
+    q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
+    p = gather.PackedFp8(torch.zeros(128, 1, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 128, 64, dtype=torch.float8_e4m3fn),
+                         torch.tensor([0, 128], dtype=torch.int32), "per_tensor", torch.ones(2), None, None)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="disagree"):
+        prefill.varlen_attention(q, p, None, cu, cu, max_seqlen_q=4, max_seqlen_k=4)
+    with pytest.raises(ValueError, match="v must be None"):
+        prefill.varlen_attention(q, p, p.k, cu, cu, max_seqlen_q=4, max_seqlen_k=4)
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_quantize_rows_error_bound():
+    from hip_kernels import quant
+
+    x = (torch.randn(300, 8, 128, device=DEV) * torch.rand(300, 8, 1, device=DEV) * 10).to(torch.bfloat16)
+    x[3, 2] = 0  # an all-zero row: scale 1, bytes 0
+    x8, s = quant.quantize_rows(x)
+    xf, back = x.float(), x8.float() * s[:, :, None]
+    assert s[3, 2].item() == 1.0 and x8[3, 2].float().abs().max().item() == 0
+    amax = xf.abs().amax(-1)
+    nz = amax > 0
+    assert torch.allclose(s[nz], amax[nz] / 448.0)
+    # round to nearest: half an e4m3 step (2^-4 relative) above the subnormals, half a subnormal step below
+    bound = torch.maximum(xf.abs() * 2.0 ** -4, s[:, :, None] * 2.0 ** -10) * 1.0001
+    assert ((back - xf).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16, 1024])
+@pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
+@pytest.mark.parametrize("layout", ["vllm", "sglang"])
+def test_gather_fp8_layout(page_size, per_page, layout):
+    seqs_k = [300, 1, 0, 129, 1024 + 7]
+    hk, d = 2, 128
+    kc, vc, table, scales = fp8_cache(seqs_k, hk, d, page_size, per_page=per_page)
+    p = pack(kc, vc, table, seqs_k, scales, layout)
+    got_k, got_v, pads = unpack(p, seqs_k)
+    want_k, want_v, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
+                                        **{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in scales.items()})
+    assert torch.equal(got_k, want_k)
+    assert torch.allclose(got_v, want_v, rtol=1e-6, atol=0)  # V scale = (v / max) * max
+    for pk, pv in pads:  # rows between requests are zero: a NaN byte there would leak through P = 0
+        assert not pk.any() and not pv.any()
+    if per_page:
+        assert (p.key_scales.cpu()[:, :, 1] <= 1).all()
+
+
+def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=torch.bfloat16, seed=0, layout="vllm",
+                        num_blocks=None):
+    seqs_k = [b for _, b in seqs]
+    kc, vc, table, scales = fp8_cache(seqs_k, hk, 128, page_size, per_page=per_page, seed=seed, num_blocks=num_blocks)
+    p = pack(kc, vc, table, seqs_k, scales, layout)
+    # pages of a multiple of 16 keys: one scale per 16 keys (KV_FP8 = 3), else one per key
+    assert p.scale == ("per_tensor" if not per_page else "per_page16" if page_size % 16 == 0 else "per_page")
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(sum(a for a, _ in seqs), hq, 128, generator=g).to(dtype)
+    kw = dict(kw)
+    sinks = torch.randn(hq, generator=g) if kw.pop("sinks", False) else None
+    k_ref, v_ref, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
+                                      **{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in scales.items()})
+    cu_q, cu_k = _cu([a for a, _ in seqs]), _cu(seqs_k)
+    o_ref, lse_ref = ref.varlen_attention(q.float(), k_ref, v_ref, cu_q.cpu(), cu_k.cpu(), sinks=sinks, **kw)
+    qd = q.to(DEV)
+    out = torch.full_like(qd, float("nan"))
+    lse = torch.full((q.shape[0], hq), float("nan"), device=DEV)
+    work = prefill.work_items([a for a, _ in seqs], seqs_k, head_dim=128, causal=kw.get("causal", True),
+                              window=kw.get("window", 0), sink_tokens=kw.get("sink_tokens", 0), fp8=True).to(DEV)
+    prefill.varlen_attention(qd, p, None, cu_q, cu_k, max_seqlen_q=max(a for a, _ in seqs), max_seqlen_k=max(seqs_k),
+                             sinks=None if sinks is None else sinks.to(DEV), out=out, lse_out=lse, work=work, **kw)
+    torch.cuda.synchronize()
+    bound = fp8_compute_bound(v_ref.abs().max().item() if v_ref.numel() else 0.0)
+    assert_close(out.float().cpu(), o_ref, bound, "out")
+    # |x| <= scale |q| |k| (Cauchy-Schwarz): the largest logit magnitude this batch can have
+    x_max = q.float().norm(dim=-1).max().item() * (k_ref.norm(dim=-1).max().item() if k_ref.numel() else 0.0) / 128 ** 0.5
+    assert_lse_close(lse.cpu(), lse_ref, fp8_compute_lse_bound(x_max), "lse")
+    return errors(out.float().cpu(), o_ref)
+
+
+FP8_CASES = {
+    "sq_eq_sk_gqa4": ([(300, 300), (128, 128), (1, 1), (77, 77)], 8, 2, {}),
+    "prefix_hit_gqa4": ([(100, 400), (64, 1000), (129, 129), (1, 513)], 8, 2, {}),
+    "sq1_rows_gqa8": ([(1, 1), (1, 50), (200, 200), (1, 1000), (17, 300)], 8, 1, {}),
+    "mha_tile_edges": ([(128, 128), (129, 129), (127, 255), (1, 128), (1, 129)], 4, 4, {}),
+    "empty_seqs": ([(0, 0), (50, 50), (0, 10), (30, 100), (0, 0)], 4, 4, {}),
+    "window_lt_sk": ([(300, 300), (50, 400), (1, 700)], 8, 2, {"window": 64}),
+    "window_eq_sk": ([(256, 256), (100, 256)], 4, 1, {"window": 256}),
+    "window_gt_sk": ([(200, 200), (30, 300)], 4, 2, {"window": 1000}),
+    "sink_tokens_1": ([(300, 300), (40, 500)], 4, 2, {"window": 64, "sink_tokens": 1}),
+    "sink_tokens_8": ([(300, 300), (40, 500), (1, 129)], 4, 2, {"window": 100, "sink_tokens": 8}),
+    "sinks": ([(250, 250), (10, 333)], 8, 1, {"sinks": True}),
+    "softcap_window_sinks": ([(200, 200), (3, 250)], 8, 2, {"softcap": 20.0, "window": 48, "sinks": True}),
+    "non_causal": ([(100, 100), (40, 300), (1, 70)], 4, 2, {"causal": False}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
+@pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
+                         ids=["per_page16", "per_key", "per_tensor"])
+@pytest.mark.parametrize("name", list(FP8_CASES))
+def test_fp8_prefill_vs_reference(name, per_page, page_size):
+    seqs, hq, hk, kw = FP8_CASES[name]
+    _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
+@pytest.mark.parametrize("page_size", [1, 16, 1024])
+@pytest.mark.parametrize("layout", ["vllm", "sglang"])
+def test_fp8_prefill_page_sizes_and_transitions(page_size, layout):
+    """Scales jump by 2^3 at every page boundary: inside one 128-key tile for pages 1 and 16."""
+    _fp8_attention_case([(200, 700), (64, 64), (1, 1100)], 8, 2, {}, page_size=page_size, layout=layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
+def test_fp8_prefill_fp16_queries():
+    _fp8_attention_case([(300, 300), (10, 500)], 8, 2, {}, dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
+def test_fp8_pool_over_4gib_pages_at_the_end():
+    """A 4.3 GB pool per cache (1 head x 128 B per slot, 16-slot pages): the used pages,
+    permuted, include the pool's last ones (byte offsets past 2^32)."""
+    free = torch.cuda.mem_get_info()[0]
+    if free < 12 * 2**30:
+        pytest.skip("needs 12 GiB of free device memory")
+    nb = (2**32 // (16 * 128)) + 4096
+    _fp8_attention_case([(300, 900), (5, 700)], 4, 1, {}, num_blocks=nb)
