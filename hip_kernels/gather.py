@@ -265,12 +265,13 @@ def gather_kv_fp8(
     v_scale=None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    check_pages: bool = False,
 ) -> PackedFp8:
     """An e4m3 cache's keys in the FP8 prefill's layout (PackedFp8), bytes unchanged.
 
     cu_kp: device int32 [n + 1] from fp8_padded_starts (host lengths); total_pad its last entry (a
     host int). Scales as for gather_kv: per tensor (k_scale / v_scale, floats or one-element fp32
-    tensors) or per page (k_descale / v_descale [num_blocks, H])."""
+    tensors) or per page (k_descale / v_descale [num_blocks, H]). check_pages: as for gather_kv."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() \
             or v_cache.dtype != k_cache.dtype:
         raise ValueError("gather_kv_fp8: caches must both be [num_blocks, page_size, kv_heads, head_dim], alike")
@@ -291,6 +292,9 @@ def gather_kv_fp8(
     total_pad = int(total_pad)
     if cu_kp.shape != cu_seqlens_k.shape or total_pad < 0 or total_pad % FP8_ALIGN:
         raise ValueError(f"gather_kv_fp8: cu_kp must match cu_seqlens_k and end at a multiple of {FP8_ALIGN}")
+    if check_pages:
+        _check_pages_on_device(layout, table, indptr, cu_seqlens_k, seq_ids, page_size, num_blocks,
+                               int(cu_seqlens_k[-1].item()))
     blocks = total_pad // FP8_ALIGN
     k8 = torch.empty((total_pad, heads, dim), dtype=k_cache.dtype, device=dev)
     vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)

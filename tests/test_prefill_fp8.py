@@ -188,6 +188,19 @@ def test_gather_fp8_layout(page_size, per_page, layout):
         assert (p.key_scales.cpu()[:, :, 1] <= 1).all()
 
 
+@pytest.mark.gpu
+def test_gather_fp8_check_pages_rejects_out_of_range_ids():
+    seqs_k = [40, 20]
+    kc, vc, table, scales = fp8_cache(seqs_k, 2, 128, 16, per_page=True)
+    pack(kc, vc, table, seqs_k, scales)  # valid ids pass
+    bad = table.clone()
+    bad[1, 0] = kc.shape[0]
+    cu_kp_h = gather.fp8_padded_starts(seqs_k)
+    with pytest.raises(ValueError, match="page ids outside"):
+        gather.gather_kv_fp8(kc, vc, _cu(seqs_k), torch.tensor(cu_kp_h, dtype=torch.int32, device=DEV), cu_kp_h[-1],
+                             block_table=bad, check_pages=True, **scales)
+
+
 def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=torch.bfloat16, seed=0, layout="vllm",
                         num_blocks=None):
     seqs_k = [b for _, b in seqs]
