@@ -36,8 +36,9 @@ def candidates(prefill, d: int, cls: str) -> list:
     C = prefill.Config
     if cls in ("wgmma", "wgmma_small"):  # consumer warpgroups x K/V tile x stages x Q buffers
         declared = (prefill.WGMMA_CONFIGS if cls == "wgmma" else prefill.WGMMA_WINDOW_CONFIGS)[d]
-        grid = [C(w, n, s, wgmma=True, q_stages=qs) for w in ((8, 12) if cls == "wgmma" else (4, 8, 12))
-                for n in ((64, 128) if cls == "wgmma" else (64,)) for s in (2, 3) for qs in (1, 2)]
+        grid = [C(w, n, s, wgmma=True, q_stages=qs, ctas=ct) for w in ((8, 12) if cls == "wgmma" else (4, 8, 12))
+                for n in ((64, 128) if cls == "wgmma" else (64,)) for s in (2, 3) for qs in (1, 2)
+                for ct in ((0, 3) if w == 4 else (0,))]
         fits = [c for c in grid if c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024]
         return list(dict.fromkeys([declared] + fits))
     declared = [prefill.CONFIGS.get(d), getattr(prefill, "WINDOW_CONFIGS", {}).get(d)]

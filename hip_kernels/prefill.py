@@ -56,6 +56,7 @@ class Config:
     wgmma: bool = False
     pingpong: bool = True  # Hopper: consumer warpgroups take turns to issue their MMAs
     q_stages: int = 2  # Hopper: Q buffers (2: the next work unit's Q loads during this one)
+    ctas: int = 0  # Hopper, one consumer warpgroup: CTAs per SM (0: 2); 3 fits d64 with 64-key tiles
 
     @property
     def block_m(self) -> int:
@@ -71,8 +72,8 @@ class Config:
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
 
     @property
-    def ctas_per_sm(self) -> int:  # the Hopper kernel with one consumer warpgroup fits two per SM
-        return 2 if self.wgmma and self.num_warps == 4 else 1
+    def ctas_per_sm(self) -> int:  # the Hopper kernel with one consumer warpgroup fits two (or three) per SM
+        return (self.ctas or 2) if self.wgmma and self.num_warps == 4 else 1
 
     def threads(self, warp_size: int) -> int:
         return (self.num_warps + (4 if self.wgmma else 0)) * warp_size
@@ -90,7 +91,9 @@ WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
 # device stays valid. Small windows keep WINDOW_CONFIGS.
 WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
 # Small windows on Hopper: K/V tiles of 64 keys (a row tile sees about BLOCK_M / G + W keys).
-WGMMA_WINDOW_CONFIGS = {64: Config(12, 64, 3, wgmma=True, q_stages=1), 128: Config(8, 64, 2, wgmma=True)}
+# d64: one consumer warpgroup, three CTAs per SM (three units' latencies overlap: 1.01-1.02x the
+# three-consumer tile at 4 x 4k, 1.05x at 16 x 512 new / 2k keys on H100, docs/perf/prefill.md).
+WGMMA_WINDOW_CONFIGS = {64: Config(4, 64, 3, wgmma=True, q_stages=1, ctas=3), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
 # FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8):
 # every window, since the FP8 layout is in 128-key tiles. Same BLOCK_M as WGMMA_CONFIGS.
@@ -156,6 +159,7 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
                        {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                         "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                         "PINGPONG": int(cfg.pingpong and cfg.num_warps >= 8), "Q_STAGES": cfg.q_stages,
+                        **({"CTAS": cfg.ctas} if cfg.ctas else {}),
                         **fp8, **dict(cfg.extra)})
     if kv_fp8:
         raise ValueError("FP8 compute runs on the Hopper kernel only")

@@ -246,6 +246,20 @@ def test_tuning_table_is_applied_and_seen_by_selection(monkeypatch, tmp_path):
         tuning.apply("gfx1250")
 
 
+def test_tuning_rows_carry_the_ctas_of_a_hopper_tile():
+    # A tile of one consumer warpgroup at three CTAs per SM survives the table round trip, and
+    # the launch grid and the kernel's CTAS define follow it (the kernel sizes its registers by it).
+    from hip_kernels import prefill
+
+    c3 = prefill.Config(4, 64, 3, wgmma=True, q_stages=1, ctas=3)
+    assert tuning.config_from_dict(tuning.config_to_dict(c3)) == c3
+    assert tuning.config_from_dict({"num_warps": 4, "block_n": 64, "stages": 3, "wgmma": True}).ctas == 0
+    assert c3.ctas_per_sm == 3 and prefill.Config(4, 64, 3, wgmma=True).ctas_per_sm == 2
+    assert prefill.Config(8, 64, 3, wgmma=True).ctas_per_sm == 1
+    assert ("CTAS", "3") in prefill._variant(64, 0, False, c3).defines
+    assert "CTAS" not in dict(prefill._variant(64, 0, False, prefill.Config(4, 64, 3, wgmma=True)).defines)
+
+
 def test_schema_mismatch_and_bad_tables_are_ignored(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
     (tmp_path / "cost_gfx950.json").write_text(json.dumps({"schema": 99}))

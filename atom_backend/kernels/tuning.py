@@ -11,7 +11,7 @@ the declared defaults stay (they are the H100 sweep of docs/perf/prefill.md).
 
 Table body: ``{"kernels": {"varlen_prefill": [{"head_dim": 64, "window_class": "full" |
 "small" | "wgmma" | "wgmma_small", "config": {num_warps, block_n, stages, warp_m_tiles, exp_poly, q_stages,
-wgmma}, "candidates":
+ctas, wgmma}, "candidates":
 [{"config": ..., "ms": ...}, ...]}, ...]}}``.
 """
 
@@ -27,7 +27,7 @@ log = logging.getLogger("atom_backend")
 _defaults: dict | None = None
 _applied: str | None = None
 
-CONFIG_FIELDS = ("num_warps", "block_n", "stages", "warp_m_tiles", "exp_poly", "q_stages")
+CONFIG_FIELDS = ("num_warps", "block_n", "stages", "warp_m_tiles", "exp_poly", "q_stages", "ctas")
 # window class -> the prefill module table that holds its tiles
 CLASS_TABLES = {"full": "CONFIGS", "small": "WINDOW_CONFIGS", "wgmma": "WGMMA_CONFIGS",
                 "wgmma_small": "WGMMA_WINDOW_CONFIGS"}

@@ -45,7 +45,8 @@
 // masked (keys) or never stored (queries); masked keys get P = 0 exactly.
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128), SOFTCAP (0|1), CONSUMERS (warpgroups of 64
-// rows: 1 (two CTAs per SM), 2 or 3), BLOCK_N (64|128), STAGES (>= 2), Q_STAGES (1|2), PINGPONG
+// rows: 1, 2 or 3), CTAS (CTAs per SM with one consumer: 2, or 3 where shared memory allows),
+// BLOCK_N (64|128), STAGES (>= 2), Q_STAGES (1|2), PINGPONG
 // (0|1, two or more consumers), EXP_POLY (key groups of 16 whose exp2 runs as a polynomial on the
 // FMA pipe instead of the special-function unit; measured slower, kept for sweeps).
 // Built for a target without wgmma (every arch but sm_90a) the kernel has no body: the launcher
@@ -87,13 +88,17 @@
 #ifndef KV_FP8
 #define KV_FP8 0
 #endif
+#ifndef CTAS
+#define CTAS (CONSUMERS == 1 ? 2 : 1)
+#endif
 
 namespace atom_prefill {
 constexpr int NWG = CONSUMERS;
 constexpr int NTB = 128 * (NWG + 1);  // threads: producer warpgroup + consumers
-// One consumer warpgroup leaves room for a second CTA on the SM: its turns with the other CTA
-// replace ping-pong (short work units, e.g. small windows, then overlap one another's latency).
-constexpr int CTAS_PER_SM = NWG == 1 ? 2 : 1;
+// One consumer warpgroup leaves room for two or three CTAs on the SM: their turns replace
+// ping-pong (short work units, e.g. small windows, then overlap one another's latency; three
+// hold d64 with 64-key tiles: 40 producer and 120 consumer registers, no spills).
+constexpr int CTAS_PER_SM = CTAS;
 }  // namespace atom_prefill
 
 using namespace atom_prefill;
@@ -138,8 +143,9 @@ static_assert(NST >= 2, "the K/V rings need two stages");
 // with three consumers: there the producer spills a few words (two threads, off the critical
 // path), since 8 more for it would make the consumers spill.
 constexpr int ENTRY_REGS = 65536 / (NTB * CTAS_PER_SM) / 8 * 8;
-constexpr int PRODUCER_REGS = NWG == 1 ? 56 : NWG == 2 ? (kKeyScales ? 56 : 40) : 32;
-constexpr int CONSUMER_REGS = NWG == 1 ? 200 : NWG == 2 ? (kKeyScales ? 224 : 232) : 160;
+constexpr int PRODUCER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 40 : 56) : NWG == 2 ? (kKeyScales ? 56 : 40) : 32;
+constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 120 : 200) : NWG == 2 ? (kKeyScales ? 224 : 232) : 160;
+static_assert(CTAS_PER_SM == 1 || (NWG == 1 && CTAS_PER_SM <= 3), "several CTAs per SM: one consumer warpgroup");
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
 // Q ring, O (16-bit), K ring, V ring, key-scale ring
 constexpr int SMEM_BYTES = EB * (QST * BM * D + 2 * NST * TILE) + 2 * BM * D + 4 * NST * SC_TILE;
