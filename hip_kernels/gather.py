@@ -184,12 +184,7 @@ def gather_kv(
     kptr = vptr = None
     kval = vval = 1.0
     if fp8:
-        if k_descale is not None or v_descale is not None:
-            if k_descale is None or v_descale is None or k_scale is not None or v_scale is not None:
-                raise ValueError("gather_kv: per-page scales need both k_descale and v_descale and no k/v_scale")
-            for n, t in (("k_descale", k_descale), ("v_descale", v_descale)):
-                if t.shape != (num_blocks, heads) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
-                    raise ValueError(f"gather_kv: {n} must be contiguous fp32 [{num_blocks}, {heads}] on {dev}")
+        if _per_page("gather_kv", k_scale, v_scale, k_descale, v_descale, num_blocks, heads, dev):
             scale, kptr, vptr = "per_page", k_descale, v_descale
         else:
             kptr, kval = _scale_arg("k_scale", k_scale, dev)
@@ -223,6 +218,19 @@ def gather_kv(
         heads, dim, rows,
     )
     return k_out, v_out
+
+
+def _per_page(who, k_scale, v_scale, k_descale, v_descale, num_blocks, heads, dev) -> bool:
+    """True for per-page-per-head scales (k_descale / v_descale [num_blocks, H], checked), False for
+    per-tensor ones (k_scale / v_scale or none); mixing the two is an error."""
+    if k_descale is None and v_descale is None:
+        return False
+    if k_descale is None or v_descale is None or k_scale is not None or v_scale is not None:
+        raise ValueError(f"{who}: per-page scales need both k_descale and v_descale and no k/v_scale")
+    for n, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t.shape != (num_blocks, heads) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
+            raise ValueError(f"{who}: {n} must be contiguous fp32 [{num_blocks}, {heads}] on {dev}")
+    return True
 
 
 def _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr, kv_page_indices):
@@ -299,12 +307,7 @@ def gather_kv_fp8(
     k8 = torch.empty((total_pad, heads, dim), dtype=k_cache.dtype, device=dev)
     vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)
     kv_scale = key_scales = v_max = None
-    if k_descale is not None or v_descale is not None:
-        if k_descale is None or v_descale is None or k_scale is not None or v_scale is not None:
-            raise ValueError("gather_kv_fp8: per-page scales need both k_descale and v_descale and no k/v_scale")
-        for n, t in (("k_descale", k_descale), ("v_descale", v_descale)):
-            if t.shape != (num_blocks, heads) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
-                raise ValueError(f"gather_kv_fp8: {n} must be contiguous fp32 [{num_blocks}, {heads}] on {dev}")
+    if _per_page("gather_kv_fp8", k_scale, v_scale, k_descale, v_descale, num_blocks, heads, dev):
         scale = "per_page16" if page_size % 16 == 0 else "per_page"  # every 16 keys in one page
         key_scales = torch.empty((heads, blocks, 2, FP8_ALIGN), dtype=torch.float32, device=dev)
         v_max = torch.empty((heads, blocks), dtype=torch.float32, device=dev)
