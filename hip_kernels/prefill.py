@@ -386,7 +386,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         from hip_kernels.decode import semaphores  # per-stream zeroed counters, left zeroed
 
         # Persistent: one CTA per SM walks the hq units of every work item.
-        grid = min(-(-n_y * hq // 2), _num_sms(q.device) * cfg.ctas_per_sm)  # units go in pairs
+        grid = min(n_y * hq, _num_sms(q.device) * cfg.ctas_per_sm)
         pack = gqa_pack(cfg, hq // hk)
         if fp8 is not None:
             from hip_kernels import quant
@@ -399,8 +399,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         else:
             tm_q, tm_v = tma.packed_rows_map(q, cfg.block_m // pack, pack), tma.packed_rows_map(v, cfg.block_n)
             tm_s, fp8_args = tm_v, (None, None, None, 0, None)
+        # O leaves by TMA stores of 64 rows (a consumer warpgroup's) when they are whole tokens.
+        tm_o = tma.packed_rows_map(out, 64 // pack, pack) if 64 % pack == 0 else tm_v
         kern(grid, cfg.threads(wsize),
-             tm_q, tma.packed_rows_map(k, cfg.block_n), tm_v, tm_s, out, lse, cu_seqlens_q, cu_seqlens_k, work,
+             tm_q, tma.packed_rows_map(k, cfg.block_n), tm_v, tm_s, tm_o, out, lse, cu_seqlens_q, cu_seqlens_k, work,
              *fp8_args, semaphores(q.device, 2) if SCHEDULER == "dynamic" else None, sinks,
              out.stride(0), out.stride(1), n_y, hq, batch, hq // hk, max_tiles, int(causal), window, sink_tokens,
              pack, runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d, kv_fp8))

@@ -23,6 +23,9 @@ CASES = {
     "sq_eq_sk_mha": ([(300, 300), (128, 128), (1, 1), (77, 77)], 4, 4, 128, {}),
     "prefix_hit_gqa4": ([(100, 400), (64, 1000), (129, 129), (1, 513)], 8, 2, 128, {}),
     "sq1_rows_gqa8": ([(1, 1), (1, 50), (200, 200), (1, 1000), (17, 300)], 8, 1, 64, {}),
+    # q_per_kv 3: the Hopper d64 tile (192 rows) packs 3 heads, so a warpgroup's 64 rows are not
+    # whole tokens and O leaves by 16-byte stores instead of TMA stores.
+    "gqa3_d64": ([(300, 300), (50, 200), (1, 64), (64, 64)], 12, 4, 64, {}),
     "tile_edges_d64": ([(64, 64), (65, 65), (128, 128), (129, 129), (63, 127), (1, 64), (1, 65)], 4, 2, 64, {}),
     "empty_seqs": ([(0, 0), (50, 50), (0, 10), (30, 100), (0, 0)], 4, 4, 64, {}),
     "window_lt_sk": ([(300, 300), (50, 400), (1, 700)], 8, 2, 128, {"window": 64}),
@@ -187,9 +190,15 @@ def test_strided_qkv_views():
     k = qkv[:, hq * d : (hq + hk) * d].view(tq, hk, d)
     v = qkv[:, (hq + hk) * d :].view(tq, hk, d)
     cu = torch.tensor([0, 90, 123], dtype=torch.int32, device="cuda")
-    out = prefill.varlen_attention(q, k, v, cu, cu, max_seqlen_q=90, max_seqlen_k=90)
     o_ref, _ = ref.varlen_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu.cpu(), cu.cpu())
+    out = prefill.varlen_attention(q, k, v, cu, cu, max_seqlen_q=90, max_seqlen_k=90)
     assert_close(out.float().cpu(), o_ref, torch.bfloat16)
+    # out as a view with a row stride of hq + 2 heads (the Hopper kernel's TMA stores of O follow
+    # its strides): the two heads between rows stay as they were.
+    buf = torch.full((tq, hq + 2, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    prefill.varlen_attention(q, k, v, cu, cu, max_seqlen_q=90, max_seqlen_k=90, out=buf[:, 1 : hq + 1])
+    assert_close(buf[:, 1 : hq + 1].float().cpu(), o_ref, torch.bfloat16)
+    assert torch.isnan(buf[:, 0]).all() and torch.isnan(buf[:, hq + 1]).all(), "O written outside its view"
 
 
 # --- CPU ---------------------------------------------------------------------------------------

@@ -416,6 +416,16 @@ ATOM_DEV void tma_load_2d(u32 dst, const tma_desc* map, u32 bar, int c0, int c1)
                ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1)
                : "memory");
 }
+// The reverse copy, shared -> global, in bulk groups of the issuing thread: a box's rows past the
+// tensor are not written. Its shared memory may be written again once bulk_wait_read<0>() returns
+// (in the same thread); ordinary writes before the copy need fence_proxy_async() first.
+ATOM_DEV void tma_store_3d(const tma_desc* map, u32 src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               ::"l"(reinterpret_cast<u64>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+ATOM_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+ATOM_DEV void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 // The producer's arrival on a full barrier, announcing the bytes its copies will deliver.
 ATOM_DEV void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");

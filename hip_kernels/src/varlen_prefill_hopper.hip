@@ -23,9 +23,10 @@
 //                        hq units, (item, query head), or with GQA packing (pack = G) (sub-tile,
 //                        KV head): the G query heads that share a KV head fill the tile's rows
 //                        together, so a short request's few rows still fill the MMAs.
-//   output               normalised O goes to its own shared buffer, then 16-byte coalesced
-//                        stores of the rows that belong to the request (a TMA store would write
-//                        over the next request's rows).
+//   output               normalised O goes to its own shared buffer, then out by TMA stores
+//                        (one thread per warpgroup); a warpgroup whose rows run past the request
+//                        (a TMA box would write over the next request's rows) uses 16-byte
+//                        coalesced stores of the rows that belong to it.
 //   FP8 (KV_FP8)         e4m3 operands on the tensor cores (wgmma k32), over the layout that
 //                        hip_kernels/gather.py's gather_kv_fp8 writes: K [total, hk, d] bytes,
 //                        V^T [hk, d, total] (FP8 wgmma takes B K-major only) with the keys of
@@ -46,7 +47,7 @@
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128), SOFTCAP (0|1), CONSUMERS (warpgroups of 64
 // rows: 1, 2 or 3), CTAS (CTAs per SM with one consumer: 2, or 3 where shared memory allows),
-// BLOCK_N (64|128), STAGES (>= 2), Q_STAGES (1|2), PINGPONG
+// BLOCK_N (64|128), STAGES (>= 2), Q_STAGES (1|2), UNIT_SLOTS (units claimed ahead: 2), PINGPONG
 // (0|1, two or more consumers), EXP_POLY (key groups of 16 whose exp2 runs as a polynomial on the
 // FMA pipe instead of the special-function unit; measured slower, kept for sweeps).
 // Built for a target without wgmma (every arch but sm_90a) the kernel has no body: the launcher
@@ -176,7 +177,10 @@ struct unit {
   bool live;
 };
 constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumers (sq < 0: no more)
-constexpr int USLOTS = 4;     // units handed over ahead of the consumers
+#ifndef UNIT_SLOTS
+#define UNIT_SLOTS 2
+#endif
+constexpr int USLOTS = UNIT_SLOTS;  // units claimed ahead of the consumers
 // mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
 static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
 ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
@@ -208,7 +212,8 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 #endif
 
 // q, k, v: tensor maps of [total, heads, d] (boxes {64, G, BLOCK_M / G} for q, {64, 1, BLOCK_N}
-// for k and v, 128-byte swizzle); pack: G, 1 or q_per_kv (GQA packing, BLOCK_M % G == 0); o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq]
+// for k and v, 128-byte swizzle); o's map tm_o: boxes {64, G, 64 / G} of out, 128-byte swizzle
+// (read only when 64 % G == 0); pack: G, 1 or q_per_kv (GQA packing, BLOCK_M % G == 0); o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq]
 // fp32 or null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles); sched:
 // two zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
@@ -219,6 +224,7 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
 varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CONSTANT tma_desc tm_k,
                       const ATOM_GRID_CONSTANT tma_desc tm_v, const ATOM_GRID_CONSTANT tma_desc tm_s,
+                      const ATOM_GRID_CONSTANT tma_desc tm_o,
                       u16* __restrict__ o, float* __restrict__ lse,
                       const i32* __restrict__ cu_q, const i32* __restrict__ cu_k, const i32* __restrict__ work,
                       const float* __restrict__ q_scale, const float* __restrict__ kv_scale,
@@ -285,34 +291,29 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     // ---- producer warpgroup: one thread schedules, one issues every copy ----
     wg::regs_dec<PRODUCER_REGS>();
     if (tid_x() == 1) {  // lane 1 of the copier's warp: one warp of the SM spins on barriers, not two
-      // Tile scheduler: pairs of units (2p, 2p + 1), p = blockIdx.x, then claimed from a global
-      // counter (sched) as the CTA gets through them, or p += gridDim.x without one. A pair costs
-      // one claim and two independent index chains per memory round trip, so short units at the
-      // end of the list do not wait for their indices. Only live units are handed over.
+      // Tile scheduler: unit blockIdx.x, then one unit at a time from a global counter (sched), or
+      // w += gridDim.x without one. A unit is claimed only once its slot of the ring is free, so
+      // a CTA is committed to at most USLOTS units past the one it runs and the dynamic schedule
+      // stays longest first: with more claimed ahead (8), the CTAs that claimed where a request's
+      // long tiles start queued several of them, and 7% of the 4 x 4k time was idle SMs at the end.
       int un = 0;
-      auto hand_over = [&](const unit& u, bool last) {
+      for (int w = -1;;) {
         const int s = un % USLOTS;
         wg::mbar_wait(emptyU + s, ((un / USLOTS) & 1) ^ 1);
+        w = w < 0 ? (int)bid_x() : sched != nullptr ? (int)gdim_x() + atomicAdd(sched, 1) : w + (int)gdim_x();
         int* d = sU + s * UNIT_INTS;
-        d[0] = u.h0; d[1] = u.g; d[2] = u.q0; d[3] = last ? -1 : u.sq;
+        if (w >= total) {
+          d[3] = -1;  // no more units
+          wg::mbar_arrive(fullU + s);
+          break;
+        }
+        const unit u = unit_of(w, work, cu_q, cu_k, cu_kp, hq, batch, q_per_kv, max_tiles, G);
+        if (!u.live) continue;  // past the request's end: the slot stays free
+        d[0] = u.h0; d[1] = u.g; d[2] = u.q0; d[3] = u.sq;
         d[4] = u.k0; d[5] = u.sk; d[6] = u.m0; d[7] = u.rows;
         wg::mbar_arrive(fullU + s);
         ++un;
-      };
-      auto claim = [&]() { return sched != nullptr ? (int)gdim_x() + atomicAdd(sched, 1) : -1; };
-      const int pairs = (total + 1) / 2;
-      int p = (int)bid_x(), pn = claim();
-      while (p < pairs) {
-        const unit u0 = unit_of(2 * p, work, cu_q, cu_k, cu_kp, hq, batch, q_per_kv, max_tiles, G);
-        const unit u1 = unit_of(2 * p + 1 < total ? 2 * p + 1 : 2 * p, work, cu_q, cu_k, cu_kp, hq, batch, q_per_kv,
-                                max_tiles, G);
-        const bool second = 2 * p + 1 < total;
-        p = sched != nullptr ? pn : p + (int)gdim_x();
-        if (sched != nullptr && p < pairs) pn = claim();  // its latency hides under the hand-over
-        if (u0.live) hand_over(u0, false);
-        if (second && u1.live) hand_over(u1, false);
       }
-      hand_over(unit{}, true);
       if (sched != nullptr) {
         // The last CTA past the end resets the counters for the next launch on this stream.
         __threadfence();
@@ -377,6 +378,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     const int grp = wgi - 1;
     const int warp = (int)((tid_x() / 32) % 4);  // warp in the warpgroup
     const bool releaser = lane_id() == 0;
+    const bool o_issuer = tid_x() % 128 == 0;  // issues this warpgroup's TMA stores of O
     int base = 0, qn = 0, un = 0;
 #if PINGPONG
     bool first_round = true;
@@ -660,7 +662,12 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       base += n_iter;
 
       // Epilogue: normalise (sink in the denominator), lse, O through this warpgroup's rows of sO
-      // (after every thread of the group is done reading them for the previous unit).
+      // (once the previous unit's O has left them), then to global memory: by one TMA store per
+      // 64 columns when the rows are whole tokens of the request, else (the last tile of a request,
+      // or 64 rows not a multiple of G) 16-byte stores of the rows in it. The TMA store frees the
+      // warpgroup at once: the 16-byte stores of a d128 tile took ~2000 cycles per unit on H100.
+      const bool tma_o = 64 % G == 0 && u.m0 + (64 * grp + 64) / G <= u.sq;
+      if (o_issuer) wg::bulk_wait_read<0>();
       wg::bar_sync(epi_bar(grp), 128);
       {
         float inv[acc_t::row_slots];
@@ -688,7 +695,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             *reinterpret_cast<u32*>(sO + LQ::off(r0 + acc_t::get_i(e), dt * 16 + acc_t::get_j(e))) = wv;
           }
       }
+      if (tma_o) wg::fence_proxy_async();  // sO's writes, visible to the copy engine
       wg::bar_sync(epi_bar(grp), 128);
+      if (tma_o) {
+        if (o_issuer) {
+#pragma unroll
+          for (int p = 0; p < D / 64; ++p)
+            wg::tma_store_3d(&tm_o, wg::smem_addr(sO + p * BM * 64 + 64 * grp * 64), p * 64, u.h0, u.q0 + u.m0 + 64 * grp / G);
+          wg::bulk_commit();
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 64 * CPR / 128; ++i) {
         const int c = (int)(tid_x() % 128) + i * 128;
@@ -700,6 +717,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
       }
     }
+    if (o_issuer) wg::bulk_wait_read<0>();  // shared memory stays until the last store has read it
 #if PINGPONG
     // Consumer 0 skipped the wait of its first round; the last consumer's final pass is
     // consumed here so that every hardware barrier ends balanced.
@@ -707,7 +725,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
   }
 #else
-  (void)tm_q; (void)tm_k; (void)tm_v; (void)tm_s; (void)q_scale; (void)kv_scale; (void)v_max; (void)v_max_blocks; (void)cu_kp;
+  (void)tm_q; (void)tm_k; (void)tm_v; (void)tm_s; (void)tm_o; (void)q_scale; (void)kv_scale; (void)v_max; (void)v_max_blocks; (void)cu_kp;
   (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
   (void)o_st; (void)o_sh; (void)n_items; (void)hq_i; (void)batch_i; (void)q_per_kv_i; (void)max_tiles_i;
   (void)causal_i; (void)window_i; (void)sink_tok_i; (void)pack_i; (void)a_log2; (void)c_log2;
