@@ -63,11 +63,13 @@ class Config:
         return 16 * self.warp_m_tiles * self.num_warps
 
     def smem_bytes(self, head_dim: int, kv_fp8: int = 0) -> int:
-        if self.wgmma:  # Q ring, O staging, K and V rings (+ key scales); 1024 bytes of slack for the swizzle, mbarriers
+        if self.wgmma:  # 16-bit Q ring and O staging, K and V rings (+ key scales; FP8: the e4m3 Q tile and
+            # its row scales); 1024 bytes of slack for the swizzle, mbarriers
             eb = 1 if kv_fp8 else 2
             scales = 4 * self.stages * 2 * self.block_n if kv_fp8 >= 2 else 0
-            return eb * head_dim * (self.q_stages * self.block_m + 2 * self.stages * self.block_n) \
-                + 2 * head_dim * self.block_m + scales + 1024 + 512
+            q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
+            return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
+                + q8 + scales + 1024 + 512
         # Q tile, K and V rings (+ slack for the first wgmma kernel, a bench reference while it lasts)
         return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
 
@@ -277,7 +279,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     """Attention of packed varlen queries q [total_q, hq, d] over packed k, v [total_kv, hk, d].
 
     k may instead be a ``gather.PackedFp8`` (``gather.gather_kv_fp8``; v = None): FP8 compute, Q
-    quantized per (token, head) on the way (``quant.quantize_rows``), sm_90a and d = 128 only.
+    quantized per (token, head) inside the kernel (max|q| / 448), sm_90a and d = 128 only.
     Returns out (q's dtype, [total_q, hq, d]), or (out, lse) with return_lse (lse fp32
     [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints, upper bounds of the lengths (not
     checked: that would read cu_seqlens on the host); rows past max_seqlen_q are not written.
@@ -388,17 +390,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         # Persistent: one CTA per SM walks the hq units of every work item.
         grid = min(n_y * hq, _num_sms(q.device) * cfg.ctas_per_sm)
         pack = gqa_pack(cfg, hq // hk)
+        tm_q = tma.packed_rows_map(q, cfg.block_m // pack, pack)  # FP8: the kernel quantizes Q per (token, head)
         if fp8 is not None:
-            from hip_kernels import quant
-
-            q8, q_scale = quant.quantize_rows(q)
-            tm_q, tm_v = tma.packed_rows_map(q8, cfg.block_m // pack, pack), tma.transposed_map(fp8.vt)
+            tm_v = tma.transposed_map(fp8.vt)
             per_page = fp8.scale != "per_tensor"
             tm_s = tma.rows_map(fp8.key_scales.view(hk, -1), 2 * cfg.block_n) if per_page else tm_v
-            fp8_args = (q_scale, fp8.kv_scale, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
+            fp8_args = (fp8.kv_scale, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
         else:
-            tm_q, tm_v = tma.packed_rows_map(q, cfg.block_m // pack, pack), tma.packed_rows_map(v, cfg.block_n)
-            tm_s, fp8_args = tm_v, (None, None, None, 0, None)
+            tm_v = tma.packed_rows_map(v, cfg.block_n)
+            tm_s, fp8_args = tm_v, (None, None, 0, None)
         # O leaves by TMA stores of 64 rows (a consumer warpgroup's) when they are whole tokens.
         tm_o = tma.packed_rows_map(out, 64 // pack, pack) if 64 % pack == 0 else tm_v
         kern(grid, cfg.threads(wsize),

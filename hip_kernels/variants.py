@@ -19,7 +19,7 @@ from .runtime import Variant
 
 # Modules exposing variants(); a module that is not there yet is skipped, one that fails to
 # import is an error (it would fail at serving time too).
-KERNEL_MODULES = ("gather", "combine", "prefill", "decode", "quant")
+KERNEL_MODULES = ("gather", "combine", "prefill", "decode")
 
 
 def kernel_modules() -> dict[str, ModuleType]:

@@ -143,17 +143,11 @@ def _combine_entries(mod, arch: str) -> list[Entry]:
                   (), (arch,), v.name) for v in _module_variants(mod, arch)]
 
 
-def _quant_entries(mod, arch: str) -> list[Entry]:
-    return [Entry("quantize_rows", "varlen", _Q[_defines(v)["DTYPE"]], "*", SCALE_MODES, 0, (0, 0), _ALL_FEATURES,
-                  (), (arch,), v.name, "fp8 compute: Q to e4m3") for v in _module_variants(mod, arch)]
-
-
 _DERIVE = {"prefill": _prefill_entries, "gather": _gather_entries, "decode": _decode_entries,
-           "combine": _combine_entries, "quant": _quant_entries}
+           "combine": _combine_entries}
 # kernel name -> (path, module)
 KERNELS = {"varlen_prefill": ("varlen", "prefill"), "gather_kv": ("varlen", "gather"),
            "varlen_prefill_fp8": ("varlen", "prefill"), "gather_kv_fp8": ("varlen", "gather"),
-           "quantize_rows": ("varlen", "quant"),
            "splitkv_decode": ("splitkv", "decode"), "combine": ("splitkv", "combine")}
 
 
@@ -194,8 +188,7 @@ def path_caps(arch: str) -> dict[str, PathCaps]:
     group = lambda kernel, pred=lambda e: True: (kernel, tuple(e for e in es if e.kernel == kernel and pred(e)))
     return {
         "varlen": PathCaps(arch, (group("varlen_prefill"), group("gather_kv", lambda e: e.role == "layout=vllm"))),
-        "varlen_fp8": PathCaps(arch, (group("varlen_prefill_fp8"), group("gather_kv_fp8", lambda e: e.role == "layout=vllm"),
-                                      group("quantize_rows"))),
+        "varlen_fp8": PathCaps(arch, (group("varlen_prefill_fp8"), group("gather_kv_fp8", lambda e: e.role == "layout=vllm"))),
         "splitkv": PathCaps(arch, (group("splitkv_decode"), group("combine"))),
     }
 
@@ -300,8 +293,8 @@ def _varlen_variants(mods, facts, arch):
 
 def _fp8_variants(mods, facts, arch):
     """FP8 compute's kernels: the prefill of the scale mode gather_kv_fp8 packs for this page
-    size, the gather, Q's quantizer."""
-    prefill, gather, quant = mods["prefill"], mods["gather"], mods["quant"]
+    size (it quantizes Q itself) and the gather."""
+    prefill, gather = mods["prefill"], mods["gather"]
     code = {"bf16": 0, "fp16": 1}[facts.dtype]
     scale = facts.kv_scale_mode
     mode = prefill.KV_FP8_MODES["per_page16" if scale == "per_page" and facts.page_size % 16 == 0 else scale]
@@ -311,7 +304,7 @@ def _fp8_variants(mods, facts, arch):
                              prefill.config_for(facts.head_dim, w, arch, fp8=True), mode)
         if v not in out:
             out.append(v)
-    return out + [gather.fp8_variant("vllm", scale), quant.variant(_torch_dtype(facts.dtype))]
+    return out + [gather.fp8_variant("vllm", scale)]
 
 
 def _splitkv_variants(mods, facts, arch, max_query_tokens: int):

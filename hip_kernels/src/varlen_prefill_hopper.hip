@@ -32,8 +32,8 @@
 //                        V^T [hk, d, total] (FP8 wgmma takes B K-major only) with the keys of
 //                        every 16 permuted so that P's accumulator registers are the A fragment
 //                        as they stand (to_operand_fp8), requests 128-key aligned. Q arrives
-//                        quantized per (token, head) (hip_kernels/quant.py): its scale joins the
-//                        row's softmax scale. K/V scales: per tensor (K's in the softmax scale,
+//                        16-bit and the consumers quantize it in shared memory, one scale per
+//                        (token, head) that joins the row's softmax scale. K/V scales: per tensor (K's in the softmax scale,
 //                        V's in the epilogue) or per key (KV_FP8 = 2: a page's scale copied to
 //                        its keys): S's columns are multiplied by K's, P's by V's relative to the
 //                        tile's largest (so P stays <= 1 in e4m3), and O's accumulator is kept in
@@ -129,7 +129,8 @@ constexpr bool kKeyScales = KV_FP8 >= 2;
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
-constexpr int EB = kFp8 ? 1 : 2;  // bytes per Q, K, V element
+constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
+constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
 constexpr int SC_TILE = kKeyScales ? 2 * BN : 0;  // floats of a tile's key scales (K's, V's)
 static_assert(!kFp8 || (D == 128 && BN == 128), "FP8 prefill: head_dim 128, BLOCK_N 128");
@@ -148,8 +149,8 @@ constexpr int PRODUCER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 40 : 56) : NWG == 2
 constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 120 : 200) : NWG == 2 ? (kKeyScales ? 224 : 232) : 160;
 static_assert(CTAS_PER_SM == 1 || (NWG == 1 && CTAS_PER_SM <= 3), "several CTAs per SM: one consumer warpgroup");
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
-// Q ring, O (16-bit), K ring, V ring, key-scale ring
-constexpr int SMEM_BYTES = EB * (QST * BM * D + 2 * NST * TILE) + 2 * BM * D + 4 * NST * SC_TILE;
+// Q ring (16-bit), O (16-bit), e4m3 Q (FP8), K ring, V ring, key-scale ring, Q's row scales (FP8)
+constexpr int SMEM_BYTES = 2 * QST * BM * D + 2 * BM * D + Q8 + EB * 2 * NST * TILE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
 // + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
 // reserved per resident CTA, and a CTA may have 227 KB.
 static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
@@ -218,7 +219,7 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 // two zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
 // FP8 only (else unused): tm_s, map of the key scales [hk][blocks of 128 keys][2][128] fp32
-// (KV_FP8 >= 2); q_scale [total_q, hq] fp32; kv_scale: the per-tensor K and V scales (2 fp32,
+// (KV_FP8 >= 2); kv_scale: the per-tensor K and V scales (2 fp32,
 // KV_FP8 = 1); v_max [hk][blocks] fp32, the largest V scale of each 128-key block (KV_FP8 >= 2);
 // cu_kp: the requests' first rows in the 128-aligned K / V^T layout (keys: cu_k).
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
@@ -227,20 +228,23 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
                       const ATOM_GRID_CONSTANT tma_desc tm_o,
                       u16* __restrict__ o, float* __restrict__ lse,
                       const i32* __restrict__ cu_q, const i32* __restrict__ cu_k, const i32* __restrict__ work,
-                      const float* __restrict__ q_scale, const float* __restrict__ kv_scale,
+                      const float* __restrict__ kv_scale,
                       const float* __restrict__ v_max, i64 v_max_blocks, const i32* __restrict__ cu_kp,
                       i32* __restrict__ sched, const float* __restrict__ sinks, i64 o_st, i64 o_sh, i64 n_items, i64 hq_i, i64 batch_i,
                       i64 q_per_kv_i, i64 max_tiles_i, i64 causal_i, i64 window_i, i64 sink_tok_i, i64 pack_i,
                       float a_log2, float c_log2) {
 #if ATOM_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Byte layout: Q ring, O, K ring, V ring, key-scale ring, barriers (every part 1024-aligned but the last two).
+  // Byte layout: Q ring, O, e4m3 Q, K ring, V ring, key-scale ring, Q's row scales, barriers
+  // (every part 1024-aligned but the last three).
   unsigned char* sQ = static_cast<unsigned char*>(wg::align1024(smem_raw));
-  u16* sO = reinterpret_cast<u16*>(sQ + EB * QST * BM * D);
-  unsigned char* sK = reinterpret_cast<unsigned char*>(sO + BM * D);
+  u16* sO = reinterpret_cast<u16*>(sQ + 2 * QST * BM * D);
+  unsigned char* sQ8 = reinterpret_cast<unsigned char*>(sO + BM * D);
+  unsigned char* sK = sQ8 + Q8;
   unsigned char* sV = sK + EB * NST * TILE;
   float* sS = reinterpret_cast<float*>(sV + EB * NST * TILE);
-  u64* bars = reinterpret_cast<u64*>(sS + NST * SC_TILE);
+  float* sQsc = sS + NST * SC_TILE;
+  u64* bars = reinterpret_cast<u64*>(sQsc + (kFp8 ? BM : 0));
   u64 *fullQ = bars, *emptyQ = bars + QST, *fullK = bars + 2 * QST, *emptyK = fullK + NST, *fullV = emptyK + NST,
       *emptyV = fullV + NST, *fullU = emptyV + NST, *emptyU = fullU + USLOTS;
   int* sU = reinterpret_cast<int*>(emptyU + USLOTS);  // USLOTS slots of UNIT_INTS: the units handed over
@@ -325,8 +329,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     } else if (tid_x() == 0) {
       int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stages, phases)
       // Shared-memory addresses as one 32-bit base and constant offsets: this thread has few registers.
-      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + EB * QST * BM * D + 2 * BM * D, a_v = a_k + EB * NST * TILE,
-                a_s = a_v + EB * NST * TILE, a_bar = a_s + 4 * NST * SC_TILE;
+      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * QST * BM * D + 2 * BM * D + Q8, a_v = a_k + EB * NST * TILE,
+                a_s = a_v + EB * NST * TILE, a_bar = a_s + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
       const u32 a_fullQ = a_bar, a_emptyQ = a_bar + 8 * QST, a_fullK = a_bar + 16 * QST, a_emptyK = a_fullK + 8 * NST,
                 a_fullV = a_emptyK + 8 * NST, a_emptyV = a_fullV + 8 * NST;
       // A K tile (with its key scales, KV_FP8 >= 2) or V tile of BN keys from `row` of KV head g.
@@ -358,10 +362,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if (kw.n_iter > 0) load_kv(is_k_tag{}, a_fullK, a_emptyK, base, u.k0 + kw.tile(0) * BN, u.g);
         const int qs = qn % QST;
         wg::mbar_wait(a_emptyQ + 8 * qs, ((qn / QST) & 1) ^ 1);
-        wg::mbar_arrive_expect_tx(a_fullQ + 8 * qs, BM * D * EB);
+        wg::mbar_arrive_expect_tx(a_fullQ + 8 * qs, BM * D * 2);
 #pragma unroll
-        for (int p = 0; p < D * EB / 128; ++p)
-          wg::tma_load_3d(a_q + EB * (qs * BM * D + p * BM * 64), &tm_q, a_fullQ + 8 * qs, p * 64, u.h0, u.q0 + u.m0);
+        for (int p = 0; p < D / 64; ++p)
+          wg::tma_load_3d(a_q + 2 * (qs * BM * D + p * BM * 64), &tm_q, a_fullQ + 8 * qs, p * 64, u.h0, u.q0 + u.m0);
         ++qn;
         // K(i) runs ahead of V(i - 1): round i of the consumers needs both.
         for (int it = 1; it < kw.n_iter; ++it) {
@@ -411,8 +415,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // Key positions of this warpgroup's first and last query row, and of this lane's rows.
       const int wp_first = off + u.m0 + 64 * grp / G, wp_last = off + u.m0 + (64 * grp + 63) / G;
       int tok[acc_t::row_slots], head[acc_t::row_slots], pos[acc_t::row_slots];
-      // a_row: the row's scale of S in log2 units (FP8: times Q's scale and K's per-tensor one);
-      // a_eff: the same after the soft-cap (which takes the scale first).
+      // a_row: the row's scale of S in log2 units (FP8: times Q's scale and K's per-tensor one, once
+      // Q is quantized); a_eff: the same after the soft-cap (which takes the scale first).
       float a_row[acc_t::row_slots], a_eff[acc_t::row_slots];
 #pragma unroll
       for (int s = 0; s < acc_t::row_slots; ++s) {
@@ -421,8 +425,6 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         head[s] = u.h0 + r % G;
         pos[s] = off + tok[s];
         a_row[s] = a_log2;
-        if (kFp8 && tok[s] < u.sq) a_row[s] *= q_scale[(i64)(u.q0 + tok[s]) * hq + head[s]] * k_scale;
-        a_eff[s] = kSoftcap ? 1.f : a_row[s];
       }
       // KV_FP8 >= 2: O's accumulator is in units of v_ref, the largest V scale of the last tile.
       float v_ref = 1.f;
@@ -446,14 +448,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       auto free_k = [&](int it) { if (releaser) wg::mbar_arrive(emptyK + stage(it)); };
       auto free_v = [&](int it) { if (releaser) wg::mbar_arrive(emptyV + stage(it)); };
       const int qs = qn % QST;
-      const unsigned char* sQs = sQ + EB * qs * BM * D;
+      const unsigned char* sQs = sQ + 2 * qs * BM * D;
       auto free_q = [&]() { if (releaser) wg::mbar_arrive(emptyQ + qs); };
       auto issue_s = [&](int it) {  // S = Q K^T of tile it
         const unsigned char* sKs = sK + EB * stage(it) * TILE;
         if constexpr (kFp8) {  // rows of 128 bytes: K steps of 32 bytes inside the swizzle atom
 #pragma unroll
           for (int kc = 0; kc < D / 32; ++kc)
-            wg::op8<BN>::ss(sacc, wg::desc_bits(sQs + 64 * grp * D + kc * 32, 16, 1024), wg::desc_bits(sKs + kc * 32, 16, 1024), kc);
+            wg::op8<BN>::ss(sacc, wg::desc_bits(sQ8 + 64 * grp * D + kc * 32, 16, 1024), wg::desc_bits(sKs + kc * 32, 16, 1024), kc);
         } else {
           const u16 *q16 = reinterpret_cast<const u16*>(sQs), *k16 = reinterpret_cast<const u16*>(sKs);
 #pragma unroll
@@ -614,8 +616,46 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 
       wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
       ++qn;
-      if (n_iter == 0) {
+      if constexpr (kFp8) {
+        // Q -> e4m3 in shared memory, one scale per row (token, head) = max|q| / 448, as x8 = q / s
+        // (the rounding of hip_kernels/quant.hip): two threads per row of this warpgroup, each one
+        // 64-column panel of the 16-bit tile. The 16-bit stage is handed back at once.
+        const int t = (int)(tid_x() % 128), r = 64 * grp + t / 2, h = t & 1;
+        const unsigned char* src = sQs + 2 * (h * BM * 64 + r * 64);
+        float x[64], amax = 0.f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const u32x4 w = load16(src + 16 * (c ^ (r & 7)));
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            x[8 * c + 2 * i] = to_f32(DT{}, (u16)(ws[i] & 0xffffu));
+            x[8 * c + 2 * i + 1] = to_f32(DT{}, (u16)(ws[i] >> 16));
+            amax = fmax_(amax, fmax_(fabs_(x[8 * c + 2 * i]), fabs_(x[8 * c + 2 * i + 1])));
+          }
+        }
+        amax = fmax_(amax, shfl_xor(amax, 1));
+        const float qsc = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / qsc;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          u32x4 w;
+          w.x = f32x4_to_fp8x4(x[16 * j] * inv, x[16 * j + 1] * inv, x[16 * j + 2] * inv, x[16 * j + 3] * inv);
+          w.y = f32x4_to_fp8x4(x[16 * j + 4] * inv, x[16 * j + 5] * inv, x[16 * j + 6] * inv, x[16 * j + 7] * inv);
+          w.z = f32x4_to_fp8x4(x[16 * j + 8] * inv, x[16 * j + 9] * inv, x[16 * j + 10] * inv, x[16 * j + 11] * inv);
+          w.w = f32x4_to_fp8x4(x[16 * j + 12] * inv, x[16 * j + 13] * inv, x[16 * j + 14] * inv, x[16 * j + 15] * inv);
+          store16(sQ8 + r * D + 16 * ((4 * h + j) ^ (r & 7)), w);
+        }
+        if (h == 0) sQsc[r] = qsc;
+        wg::fence_proxy_async();  // the e4m3 tile, visible to wgmma
+        wg::bar_sync(epi_bar(grp), 128);
         free_q();
+#pragma unroll
+        for (int s = 0; s < acc_t::row_slots; ++s) a_row[s] *= sQsc[64 * grp + 16 * warp + acc_t::slot_row(s)] * k_scale;
+      }
+#pragma unroll
+      for (int s = 0; s < acc_t::row_slots; ++s) a_eff[s] = kSoftcap ? 1.f : a_row[s];
+      if (n_iter == 0) {
+        if (!kFp8) free_q();
       } else {
         float alpha[acc_t::row_slots], rs[acc_t::row_slots], vfac;
         wait_k(0);
@@ -626,7 +666,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         load_groups(0);
         wg::wait<0>();
         if (!kLateFreeK) free_k(0);
-        if (n_iter == 1) free_q();
+        if (!kFp8 && n_iter == 1) free_q();
         softmax(0, alpha, rs, vfac);
         if (kLateFreeK) free_k(0);
         finish(alpha, rs, vfac);
@@ -641,7 +681,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           load_groups(it);
           wg::wait<1>();  // S(it) done; the softmax overlaps O += P V of tile it - 1
           if (!kLateFreeK) free_k(it);  // KV_FP8 = 2: the key scales in K's stage are read by the softmax
-          if (it == n_iter - 1) free_q();
+          if (!kFp8 && it == n_iter - 1) free_q();
           softmax(it, alpha, rs, vfac);
           if (kLateFreeK) free_k(it);
           wg::wait<0>();
@@ -725,7 +765,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
   }
 #else
-  (void)tm_q; (void)tm_k; (void)tm_v; (void)tm_s; (void)tm_o; (void)q_scale; (void)kv_scale; (void)v_max; (void)v_max_blocks; (void)cu_kp;
+  (void)tm_q; (void)tm_k; (void)tm_v; (void)tm_s; (void)tm_o; (void)kv_scale; (void)v_max; (void)v_max_blocks; (void)cu_kp;
   (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
   (void)o_st; (void)o_sh; (void)n_items; (void)hq_i; (void)batch_i; (void)q_per_kv_i; (void)max_tiles_i;
   (void)causal_i; (void)window_i; (void)sink_tok_i; (void)pack_i; (void)a_log2; (void)c_log2;
