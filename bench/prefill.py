@@ -271,6 +271,19 @@ SWEEP = {
 
 
 # Hopper kernel variants timed with --wg-sweep on sm_90a: (config, GQA packing).
+# (label, [(sq, sk)], hq, hk, d, kwargs): the table's shapes (bench.ab times the same ones)
+SHAPES = [
+    ("causal 32/8 d128 4x4k", [(4096, 4096)] * 4, 32, 8, 128, {}),
+    ("causal 32/8 d128 1x16k", [(16384, 16384)], 32, 8, 128, {}),
+    ("gpt-oss 64/8 d64 sinks 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True}),
+    ("gpt-oss 64/8 d64 sinks+win128 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True, "window": 128}),
+    ("prefix sk=4sq 32/8 d128 16x1k/4k", [(1024, 4096)] * 16, 32, 8, 128, {}),
+    ("prefix sk=4sq 32/8 d128 4x4k/16k", [(4096, 16384)] * 4, 32, 8, 128, {}),
+    ("mixed 32/8 d128 16k tokens", [(8192, 8192), (4096, 6000), (2048, 2048), (1024, 3000), (512, 512)]
+     + [(1, 1000)] * 64 + [(256, 4096)] * 2, 32, 8, 128, {}),
+]
+
+
 def _h(w, n, s, pack=True, **kw):
     return C(w, n, s, wgmma=True, **kw), pack
 
@@ -310,16 +323,7 @@ def main(argv=None):
     except Exception:
         have_unified = False
 
-    shapes = [
-        ("causal 32/8 d128 4x4k", [(4096, 4096)] * 4, 32, 8, 128, {}),
-        ("causal 32/8 d128 1x16k", [(16384, 16384)], 32, 8, 128, {}),
-        ("gpt-oss 64/8 d64 sinks 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True}),
-        ("gpt-oss 64/8 d64 sinks+win128 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True, "window": 128}),
-        ("prefix sk=4sq 32/8 d128 16x1k/4k", [(1024, 4096)] * 16, 32, 8, 128, {}),
-        ("prefix sk=4sq 32/8 d128 4x4k/16k", [(4096, 16384)] * 4, 32, 8, 128, {}),
-        ("mixed 32/8 d128 16k tokens", [(8192, 8192), (4096, 6000), (2048, 2048), (1024, 3000), (512, 512)]
-         + [(1, 1000)] * 64 + [(256, 4096)] * 2, 32, 8, 128, {}),
-    ]
+    shapes = list(SHAPES)
     if args.quick:
         shapes = [s for s in shapes if "16k" not in s[0] or "prefix" in s[0]]
     if args.only:

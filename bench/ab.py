@@ -1,0 +1,144 @@
+"""The Hopper prefill kernel of the working tree against the one of a git revision, in one process.
+
+    python -m bench.ab --base REV_OR_FILE [--rounds 6] [--only d128] [--define UNIT_SLOTS=1] [--fp8]
+
+The base kernel (`varlen_prefill_hopper.hip` at git revision REV, or the source file FILE) is
+written next to the working tree's, so both build with the working tree's headers and launcher,
+and removed at exit; its kernel must take the same parameters (checked). The device machine's copy
+of the repository may carry an older .git than this one: there, pass a file (`git show
+REV:hip_kernels/src/varlen_prefill_hopper.hip > ab_base.hip` here; untracked files travel). Three variants time the bench.prefill shapes: `base`, `base'`
+(the same source again: the harness's own noise) and `work` (the working tree, with --define).
+Every round times each shape with the variants in a rotated order: the variant timed first after
+a pause gets the best clocks (an identical copy timed second read 0.96-1.01 of the first; docs/perf/
+prefill.md, stop 32), so a fixed order would favour it. Reported: the median TFLOP/s over rounds
+and the ratios to `base`; read `work / base` against `base' / base`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import subprocess
+from pathlib import Path
+
+SRC_DIR = Path(__file__).resolve().parents[1] / "hip_kernels" / "src"
+KERNEL = "varlen_prefill_hopper.hip"
+
+
+def rotated(names: list, rnd: int) -> list:
+    """The variants' order in round `rnd`: each one leads one round in len(names)."""
+    k = rnd % len(names)
+    return names[k:] + names[:k]
+
+
+def summary(tflops: dict, names: list) -> dict:
+    """{shape: {name: (median TFLOP/s, ratio to names[0])}} from {(shape, name): [TFLOP/s per round]}."""
+    out = {}
+    for shape in dict.fromkeys(s for s, _ in tflops):
+        med = {n: statistics.median(tflops[(shape, n)]) for n in names}
+        out[shape] = {n: (med[n], med[n] / med[names[0]]) for n in names}
+    return out
+
+
+def base_source(rev_or_file: str) -> str:
+    """The Hopper kernel's source: the file at this path, or at this git revision."""
+    if Path(rev_or_file).is_file():
+        return Path(rev_or_file).read_text()
+    root = SRC_DIR.parents[1]
+    return subprocess.run(["git", "show", f"{rev_or_file}:hip_kernels/src/{KERNEL}"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def parameters(src: str) -> str:
+    """The kernel's parameter list, whitespace-normalised (the launcher passes the working tree's)."""
+    head = src[src.index("varlen_prefill_hopper(") + len("varlen_prefill_hopper("):]
+    return " ".join(head[: head.index(")")].split())
+
+
+def _defines(items: list) -> tuple:
+    out = []
+    for it in items:
+        name, _, value = it.partition("=")
+        if not name or not value:
+            raise SystemExit(f"--define {it!r}: NAME=VALUE expected")
+        out.append((name, value))
+    return tuple(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="HEAD", help="git revision or source file of the base kernel (default HEAD)")
+    ap.add_argument("--rounds", type=int, default=6, help="a multiple of 3: each variant leads equally often")
+    ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the work variant")
+    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page) of the FP8 shapes")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from atom_backend.kernels import tuning
+    from bench import prefill as bp
+    from bench.common import bench_ms, device_name
+    from hip_kernels import prefill
+
+    tuning.apply(prefill._default_arch())  # the tiles a serving process uses
+    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS)
+    declared = [dict(t) for t in tables]
+    base = base_source(args.base)
+    if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):
+        raise SystemExit(f"the base kernel ({args.base}) takes other parameters than the working tree's")
+    variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()), "work": (KERNEL, _defines(args.define))}
+    for n in ("base", "base'"):
+        (SRC_DIR / variants[n][0]).write_text(base)
+
+    def use(name):
+        src, extra = variants[name]
+        prefill.HOPPER_SOURCE = src
+        for t, d in zip(tables, declared):
+            for hd, cfg in d.items():
+                t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra)
+        prefill._variant.cache_clear()
+
+    try:
+        torch.manual_seed(0)
+        print(f"device: {device_name()}  base {args.base}  work defines {dict(_defines(args.define))}", flush=True)
+        runs = []  # (label, make_fn(), pairs, d, hq)
+        for label, seqs, hq, hk, d, kw in bp.SHAPES:
+            if args.only and args.only not in label:
+                continue
+            q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
+            okw = dict(kw)
+            if okw.pop("sinks", False):
+                okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+            pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
+            runs.append((label, lambda s=seqs, t=(q, k, v, cu_q, cu_k), o=okw: bp.run_ours(s, *t, **o), pairs, d, hq))
+            if args.fp8 and label in bp.FP8_SHAPES:
+                cache = bp.fp8_paged(k, v, seqs)
+                runs.append((f"{label} fp8", lambda s=seqs, c=cache, qq=q: bp.run_fp8(s, qq, c, with_gather=False),
+                             pairs, d, hq))
+        names = list(variants)
+        tf = {}
+        for rnd in range(args.rounds):
+            for label, make_fn, pairs, d, hq in runs:
+                for name in rotated(names, rnd):
+                    use(name)
+                    fn = make_fn()
+                    fn()
+                    torch.cuda.synchronize()
+                    tf.setdefault((label, name), []).append(bp.tflops(pairs, d, hq, bench_ms(fn, rep_ms=100)))
+        print(f"\n| shape | {' | '.join(names)} | base' / base | work / base |")
+        print("| --- |" + " ---: |" * (len(names) + 2))
+        for label, row in summary(tf, names).items():
+            print(f"| {label} | " + " | ".join(f"{row[n][0]:.1f}" for n in names)
+                  + f" | {row[names[1]][1]:.3f} | {row['work'][1]:.3f} |", flush=True)
+    finally:
+        for n in ("base", "base'"):
+            (SRC_DIR / variants[n][0]).unlink(missing_ok=True)
+        for t, d in zip(tables, declared):
+            t.clear()
+            t.update(d)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""bench.ab's host logic: the rotated timing order and the summary (the timing itself runs on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import ab
+
+
+def test_every_variant_leads_once_per_cycle_of_rounds():
+    names = ["base", "base'", "work"]
+    orders = [ab.rotated(names, r) for r in range(6)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for pos in range(3):
+        assert sorted(o[pos] for o in orders[:3]) == sorted(names)  # each position, each variant once
+    assert orders[3] == orders[0]
+
+
+def test_summary_is_medians_and_ratios_to_the_first():
+    tf = {("s", "base"): [100.0, 90.0, 110.0], ("s", "base'"): [99.0, 101.0, 95.0], ("s", "work"): [120.0, 80.0, 121.0]}
+    row = ab.summary(tf, ["base", "base'", "work"])["s"]
+    assert row["base"] == (100.0, 1.0)
+    assert row["base'"][0] == 99.0 and row["base'"][1] == pytest.approx(0.99)
+    assert row["work"][0] == 120.0 and row["work"][1] == pytest.approx(1.2)
+
+
+def test_defines_need_name_and_value():
+    assert ab._defines(["UNIT_SLOTS=1", "MAX=4"]) == (("UNIT_SLOTS", "1"), ("MAX", "4"))
+    for bad in (["UNIT_SLOTS"], ["=1"], ["X="]):
+        with pytest.raises(SystemExit):
+            ab._defines(bad)
+
+
+def test_parameters_compare_the_kernels_signatures(tmp_path):
+    src = (ab.SRC_DIR / ab.KERNEL).read_text()
+    assert ab.parameters(src).startswith("const ATOM_GRID_CONSTANT tma_desc tm_q")
+    f = tmp_path / "k.hip"
+    f.write_text(src.replace("u16* __restrict__ o,", "u16* __restrict__ o, int extra,"))
+    assert ab.base_source(str(f)) == f.read_text()
+    assert ab.parameters(ab.base_source(str(f))) != ab.parameters(src)
