@@ -33,9 +33,9 @@
 //                        every 16 permuted so that P's accumulator registers are the A fragment
 //                        as they stand (to_operand_fp8), requests 128-key aligned. Q arrives
 //                        16-bit and the consumers quantize it in shared memory, one scale per
-//                        (token, head) that joins the row's softmax scale. K/V scales: per tensor (K's in the softmax scale,
-//                        V's in the epilogue) or per key (KV_FP8 = 2: a page's scale copied to
-//                        its keys): S's columns are multiplied by K's, P's by V's relative to the
+//                        (token, head) that joins the row's softmax scale. K/V scales: per
+//                        tensor (K's in the softmax scale, V's in the epilogue) or per key
+//                        (KV_FP8 = 2: a page's scale copied to its keys): S's columns are multiplied by K's, P's by V's relative to the
 //                        tile's largest (so P stays <= 1 in e4m3), and O's accumulator is kept in
 //                        units of the current tile's largest V scale (rescaled with the softmax).
 //                        KV_FP8 = 3 (pages of a multiple of 16 keys): every 16 keys share their
@@ -214,14 +214,15 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 
 // q, k, v: tensor maps of [total, heads, d] (boxes {64, G, BLOCK_M / G} for q, {64, 1, BLOCK_N}
 // for k and v, 128-byte swizzle); o's map tm_o: boxes {64, G, 64 / G} of out, 128-byte swizzle
-// (read only when 64 % G == 0); pack: G, 1 or q_per_kv (GQA packing, BLOCK_M % G == 0); o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq]
-// fp32 or null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles); sched:
-// two zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
+// (read only when 64 % G == 0); pack: G, 1 or q_per_kv (GQA packing, BLOCK_M % G == 0);
+// o [total_q, hq, d] (strides in elements); lse [total_q, hq] fp32 or null; sinks [hq] fp32 or
+// null; work [n_items, 2] int32 (b, t) or null (then n_items = batch * max_tiles); sched: two
+// zeroed int32 counters (dynamic tile scheduler, left zeroed) or null (static round robin).
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
 // FP8 only (else unused): tm_s, map of the key scales [hk][blocks of 128 keys][2][128] fp32
-// (KV_FP8 >= 2); kv_scale: the per-tensor K and V scales (2 fp32,
-// KV_FP8 = 1); v_max [hk][blocks] fp32, the largest V scale of each 128-key block (KV_FP8 >= 2);
-// cu_kp: the requests' first rows in the 128-aligned K / V^T layout (keys: cu_k).
+// (KV_FP8 >= 2); kv_scale: the per-tensor K and V scales (2 fp32, KV_FP8 = 1); v_max [hk][blocks]
+// fp32, the largest V scale of each 128-key block (KV_FP8 >= 2); cu_kp: the requests' first rows
+// in the 128-aligned K / V^T layout (keys: cu_k).
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
 varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CONSTANT tma_desc tm_k,
                       const ATOM_GRID_CONSTANT tma_desc tm_v, const ATOM_GRID_CONSTANT tma_desc tm_s,
@@ -617,9 +618,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
       ++qn;
       if constexpr (kFp8) {
-        // Q -> e4m3 in shared memory, one scale per row (token, head) = max|q| / 448, as x8 = q / s
-        // (the rounding of hip_kernels/quant.hip): two threads per row of this warpgroup, each one
-        // 64-column panel of the 16-bit tile. The 16-bit stage is handed back at once.
+        // Q -> e4m3 in shared memory, one scale per row (token, head): s = max|q| / 448 (1 for a
+        // zero row), x8 = rn_satfinite(q * (1 / s)) (docs/fp8.md): two threads per row of this
+        // warpgroup, each one 64-column panel of the 16-bit tile. The 16-bit stage is handed back
+        // at once.
         const int t = (int)(tid_x() % 128), r = 64 * grp + t / 2, h = t & 1;
         const unsigned char* src = sQs + 2 * (h * BM * 64 + r * 64);
         float x[64], amax = 0.f;
