@@ -6,8 +6,9 @@ The base kernel (`varlen_prefill_hopper.hip` at git revision REV, or the source 
 written next to the working tree's, so both build with the working tree's headers and launcher,
 and removed at exit; its kernel must take the same parameters (checked). The device machine's copy
 of the repository may carry an older .git than this one: there, pass a file (`git show
-REV:hip_kernels/src/varlen_prefill_hopper.hip > ab_base.hip` here; untracked files travel). Three variants time the bench.prefill shapes: `base`, `base'`
-(the same source again: the harness's own noise) and `work` (the working tree, with --define).
+REV:hip_kernels/src/varlen_prefill_hopper.hip > ab_base.hip` here; untracked files travel).
+Three variants time the bench.prefill shapes: `base`, `base'` (the same source again: the
+harness's own noise) and `work` (the working tree, with --define).
 Every round times each shape with the variants in a rotated order: the variant timed first after
 a pause gets the best clocks (an identical copy timed second read 0.96-1.01 of the first; docs/perf/
 prefill.md, stop 32), so a fixed order would favour it. Reported: the median TFLOP/s over rounds
@@ -88,7 +89,8 @@ def main(argv=None):
     base = base_source(args.base)
     if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):
         raise SystemExit(f"the base kernel ({args.base}) takes other parameters than the working tree's")
-    variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()), "work": (KERNEL, _defines(args.define))}
+    variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()),
+                "work": (KERNEL, _defines(args.define))}
     for n in ("base", "base'"):
         (SRC_DIR / variants[n][0]).write_text(base)
 

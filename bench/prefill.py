@@ -270,7 +270,6 @@ SWEEP = {
 }
 
 
-# Hopper kernel variants timed with --wg-sweep on sm_90a: (config, GQA packing).
 # (label, [(sq, sk)], hq, hk, d, kwargs): the table's shapes (bench.ab times the same ones)
 SHAPES = [
     ("causal 32/8 d128 4x4k", [(4096, 4096)] * 4, 32, 8, 128, {}),
@@ -284,6 +283,7 @@ SHAPES = [
 ]
 
 
+# Hopper kernel variants timed with --wg-sweep on sm_90a: (config, GQA packing).
 def _h(w, n, s, pack=True, **kw):
     return C(w, n, s, wgmma=True, **kw), pack
 

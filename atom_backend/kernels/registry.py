@@ -188,7 +188,8 @@ def path_caps(arch: str) -> dict[str, PathCaps]:
     group = lambda kernel, pred=lambda e: True: (kernel, tuple(e for e in es if e.kernel == kernel and pred(e)))
     return {
         "varlen": PathCaps(arch, (group("varlen_prefill"), group("gather_kv", lambda e: e.role == "layout=vllm"))),
-        "varlen_fp8": PathCaps(arch, (group("varlen_prefill_fp8"), group("gather_kv_fp8", lambda e: e.role == "layout=vllm"))),
+        "varlen_fp8": PathCaps(arch, (group("varlen_prefill_fp8"),
+                                      group("gather_kv_fp8", lambda e: e.role == "layout=vllm"))),
         "splitkv": PathCaps(arch, (group("splitkv_decode"), group("combine"))),
     }
 
