@@ -73,7 +73,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=6, help="a multiple of 3: each variant leads equally often")
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the work variant")
-    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page) of the FP8 shapes")
+    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes")
     args = ap.parse_args(argv)
 
     import torch
@@ -116,9 +116,10 @@ def main(argv=None):
             pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
             runs.append((label, lambda s=seqs, t=(q, k, v, cu_q, cu_k), o=okw: bp.run_ours(s, *t, **o), pairs, d, hq))
             if args.fp8 and label in bp.FP8_SHAPES:
-                cache = bp.fp8_paged(k, v, seqs)
-                runs.append((f"{label} fp8", lambda s=seqs, c=cache, qq=q: bp.run_fp8(s, qq, c, with_gather=False),
-                             pairs, d, hq))
+                for per_page, tag in ((True, "fp8"), (False, "fp8 per tensor")):
+                    cache = bp.fp8_paged(k, v, seqs, per_page=per_page)
+                    runs.append((f"{label} {tag}", lambda s=seqs, c=cache, qq=q: bp.run_fp8(s, qq, c, with_gather=False),
+                                 pairs, d, hq))
         names = list(variants)
         tf = {}
         for rnd in range(args.rounds):

@@ -3,9 +3,9 @@
 A map describes a packed `[rows, heads, head_dim]` tensor (last dim contiguous) as a 3-D tensor
 (head_dim, heads, rows) whose boxes are `[box_rows][128 bytes]` of one head, 128-byte swizzled:
 the sw128 layout the wgmma descriptors of atom_mma.h read; the FP8 prefill adds V^T and its key
-scales (transposed_map, rows_map). Rows past the tensor read as
-zero; stores through a map (the prefill's O) leave them unwritten. The kernel takes the 128 bytes by value (`runtime.Blob`, a `__grid_constant__` parameter),
-so a CUDA graph keeps its own copy.
+scales (transposed_map, rows_map). Rows past the tensor read as zero; stores through a map (the
+prefill's O) leave them unwritten. The kernel takes the 128 bytes by value (`runtime.Blob`, a
+`__grid_constant__` parameter), so a CUDA graph keeps its own copy.
 """
 
 from __future__ import annotations

@@ -149,6 +149,34 @@ def test_long_prefix_and_fresh_inputs(path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["wgmma", "portable"])
+def test_row_max_that_keeps_growing(path, monkeypatch):
+    """Logits that rise along the keys (0.02 per key, +20 at key 600): a row's max grows a little on
+    most tiles and by a lot at one. The Hopper kernel moves its reference max only when the new one
+    is more than 2^8 in P past it, so P > 1 between moves, and the big step must rescale O."""
+    _force_path(path, monkeypatch)
+    seqs, hq, hk, d = [(300, 1000), (64, 64)], 4, 2, 128
+    g = torch.Generator().manual_seed(3)
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    tq, tk = sum(a for a, _ in seqs), sum(b for _, b in seqs)
+    j = torch.cat([torch.arange(b, dtype=torch.float32) for _, b in seqs])
+    coef = 0.02 * j + 20.0 * (j >= 600)
+    q = (u * d ** 0.5 + 0.1 * torch.randn(tq, hq, d, generator=g)).to(torch.bfloat16)
+    k = (coef[:, None, None] * u + 0.1 * torch.randn(tk, hk, d, generator=g)).to(torch.bfloat16)
+    v = torch.randn(tk, hk, d, generator=g).to(torch.bfloat16)
+    cu_q = torch.tensor([0, 300, 364], dtype=torch.int32)
+    cu_k = torch.tensor([0, 1000, 1064], dtype=torch.int32)
+    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
+    out = torch.full_like(q, float("nan"), device="cuda")
+    lse = torch.full((tq, hq), float("nan"), dtype=torch.float32, device="cuda")
+    prefill.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max_seqlen_q=300,
+                             max_seqlen_k=1000, out=out, lse_out=lse)
+    torch.cuda.synchronize()
+    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
+    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, "lse")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
 @pytest.mark.parametrize("d,hq,hk", [(128, 8, 2), (64, 16, 2)])
 def test_last_request_ends_at_allocation_end(path, d, hq, hk, monkeypatch):
     # q, k, v, out and lse each exactly as long as the batch, so the last request's rows end at

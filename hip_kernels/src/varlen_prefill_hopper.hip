@@ -35,9 +35,10 @@
 //                        16-bit and the consumers quantize it in shared memory, one scale per
 //                        (token, head) that joins the row's softmax scale. K/V scales: per
 //                        tensor (K's in the softmax scale, V's in the epilogue) or per key
-//                        (KV_FP8 = 2: a page's scale copied to its keys): S's columns are multiplied by K's, P's by V's relative to the
-//                        tile's largest (so P stays <= 1 in e4m3), and O's accumulator is kept in
-//                        units of the current tile's largest V scale (rescaled with the softmax).
+//                        (KV_FP8 = 2: a page's scale copied to its keys): S's columns are
+//                        multiplied by K's, P's by V's relative to the largest V scale of the
+//                        tiles so far (so P stays <= 2^8 in e4m3), O's accumulator is kept in
+//                        units of that largest (rescaled, with the softmax, when it grows).
 //                        KV_FP8 = 3 (pages of a multiple of 16 keys): every 16 keys share their
 //                        scales, so K's joins the exp2's multiplier and the row max is taken per
 //                        16 keys on the unscaled S (no multiply per element: the one on the path
@@ -129,6 +130,7 @@ constexpr bool kKeyScales = KV_FP8 >= 2;
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
+constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
@@ -150,7 +152,8 @@ constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 120 : 200) : NWG ==
 static_assert(CTAS_PER_SM == 1 || (NWG == 1 && CTAS_PER_SM <= 3), "several CTAs per SM: one consumer warpgroup");
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
 // Q ring (16-bit), O (16-bit), e4m3 Q (FP8), K ring, V ring, key-scale ring, Q's row scales (FP8)
-constexpr int SMEM_BYTES = 2 * QST * BM * D + 2 * BM * D + Q8 + EB * 2 * NST * TILE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
+constexpr int SMEM_BYTES =
+    2 * QST * BM * D + 2 * BM * D + Q8 + EB * 2 * NST * TILE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
 // + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
 // reserved per resident CTA, and a CTA may have 227 KB.
 static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
@@ -427,8 +430,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         pos[s] = off + tok[s];
         a_row[s] = a_log2;
       }
-      // KV_FP8 >= 2: O's accumulator is in units of v_ref, the largest V scale of the last tile.
-      float v_ref = 1.f;
+      // KV_FP8 >= 2: O's accumulator is in units of v_ref: KV_FP8 = 3, the largest V scale of the
+      // tiles so far (it only grows, so O is rarely rescaled for it); KV_FP8 = 2, the last tile's.
+      float v_ref = KV_FP8 == 3 ? 0.f : 1.f;
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
@@ -556,10 +560,15 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
+          // The row's reference max moves only when the new one exceeds it by more than kLazyLog2
+          // (log2 units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
+          // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32.
           mx[s] = acc_t::row_max(mx[s]);
-          msc[s] = mx[s] == neg_inf() ? 0.f : mx[s] * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
-          alpha[s] = exp2_(m_run[s] * a_eff[s] - msc[s]);
-          m_run[s] = mx[s];
+          const bool grow = m_run[s] == neg_inf() || (mx[s] - m_run[s]) * a_eff[s] > kLazyLog2;
+          const float m_new = grow ? mx[s] : m_run[s];
+          msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
+          alpha[s] = grow ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
+          m_run[s] = m_new;
           rs[s] = 0.f;
         }
 #pragma unroll
@@ -574,14 +583,21 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
         vfac = 1.f;
         if constexpr (kGroupScales) {
+          // P V in units of v_ref: P times its key's V scale / v_ref (<= 1, so P's e4m3 stays <= 2^8).
+          // The stage holds V's scales relative to the tile's largest, v_tile. The floor keeps an
+          // all-zero-scale start from dividing 0 by 0.
+          const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f), vc = v_tile / v_new;
+          vfac = v_ref / v_new;
+          v_ref = v_new;
 #pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt)
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            const float f = gv[nt] * vc;
 #pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= gv[nt];
-        }
-        if constexpr (kKeyScales) {  // P V in units of this tile's largest V scale: P's e4m3 stays <= 1
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= f;
+          }
+        } else if constexpr (kKeyScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
 #pragma unroll
-          for (int nt = 0; nt < BN / 16 && !kGroupScales; ++nt) {
+          for (int nt = 0; nt < BN / 16; ++nt) {
             const float4 vr = key_scales(it, 1, nt);
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= pick(vr, e);
@@ -640,12 +656,13 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         const float qsc = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / qsc;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          u32x4 w;
-          w.x = f32x4_to_fp8x4(x[16 * j] * inv, x[16 * j + 1] * inv, x[16 * j + 2] * inv, x[16 * j + 3] * inv);
-          w.y = f32x4_to_fp8x4(x[16 * j + 4] * inv, x[16 * j + 5] * inv, x[16 * j + 6] * inv, x[16 * j + 7] * inv);
-          w.z = f32x4_to_fp8x4(x[16 * j + 8] * inv, x[16 * j + 9] * inv, x[16 * j + 10] * inv, x[16 * j + 11] * inv);
-          w.w = f32x4_to_fp8x4(x[16 * j + 12] * inv, x[16 * j + 13] * inv, x[16 * j + 14] * inv, x[16 * j + 15] * inv);
-          store16(sQ8 + r * D + 16 * ((4 * h + j) ^ (r & 7)), w);
+          u32 w[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float* y = x + 16 * j + 4 * k;
+            w[k] = f32x4_to_fp8x4(y[0] * inv, y[1] * inv, y[2] * inv, y[3] * inv);
+          }
+          store16(sQ8 + r * D + 16 * ((4 * h + j) ^ (r & 7)), u32x4{w[0], w[1], w[2], w[3]});
         }
         if (h == 0) sQsc[r] = qsc;
         wg::fence_proxy_async();  // the e4m3 tile, visible to wgmma
@@ -743,7 +760,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if (o_issuer) {
 #pragma unroll
           for (int p = 0; p < D / 64; ++p)
-            wg::tma_store_3d(&tm_o, wg::smem_addr(sO + p * BM * 64 + 64 * grp * 64), p * 64, u.h0, u.q0 + u.m0 + 64 * grp / G);
+            wg::tma_store_3d(&tm_o, wg::smem_addr(sO + p * BM * 64 + 64 * grp * 64), p * 64, u.h0,
+                             u.q0 + u.m0 + 64 * grp / G);
           wg::bulk_commit();
         }
         continue;
