@@ -44,11 +44,12 @@ ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, b
   return j1 > sk || (causal && j1 - 1 > p_first) || (window > 0 && j0 <= p_last - window && j1 > sink_tokens);
 }
 
-// 2^x for x <= 0 on the FMA pipe: x = i + f with i = rn(x), read from the low mantissa bits of
-// x + 1.5 * 2^23, |f| <= 1/2; 2^f from a cubic (minimax, relative error 1.02e-4, far under the
-// e4m3 / bf16 / fp16 rounding of P), 2^i added to its exponent bits. No floor or float-to-int
-// conversion: those run on the pipe of the special-function unit that exp2 would use (the earlier
-// floor-based version lost 7-13%). x < -126 (and -inf) gives 0.
+// 2^x for x <= 127 on the FMA pipe (the softmax's x <= 8 with lazy rescaling): x = i + f with
+// i = rn(x), read from the low mantissa bits of x + 1.5 * 2^23, |f| <= 1/2; 2^f from a cubic
+// (minimax, relative error 1.02e-4, far under the e4m3 / bf16 / fp16 rounding of P), 2^i added to
+// its exponent bits. No floor or float-to-int conversion: those run on the pipe of the
+// special-function unit that exp2 would use (the earlier floor-based version lost 7-13%).
+// x < -126 (and -inf) gives 0.
 // fma: belongs in atom_device.h (asked for); NVRTC has no __builtin_fmaf.
 #if ATOM_NVIDIA
 ATOM_DEV float fma_(float a, float b, float c) { return fmaf(a, b, c); }

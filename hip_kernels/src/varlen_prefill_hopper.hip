@@ -90,6 +90,9 @@
 #ifndef KV_FP8
 #define KV_FP8 0
 #endif
+#ifndef LOCAL_MAX_CHECK
+#define LOCAL_MAX_CHECK 1
+#endif
 #ifndef CTAS
 #define CTAS (CONSUMERS == 1 ? 2 : 1)
 #endif
@@ -130,7 +133,11 @@ constexpr bool kKeyScales = KV_FP8 >= 2;
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
-constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
+constexpr float kLazyLog2 = 8.f;
+// Two P operand buffers: 16 (e4m3) or 32 (16-bit) more registers, which two consumer warpgroups
+// have (a few words spill, cheaper than converting P after the P V's end: 1.02-1.10x on H100);
+// three (160 registers) or CTAs of one do not.
+constexpr bool kTwoP = NWG == 2;  // how far a row's max may pass its reference before O is rescaled
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
@@ -436,7 +443,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
-      op_t pf[kFp8 ? BN / 32 : BN / 16];  // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments)
+      constexpr int NPF = kFp8 ? BN / 32 : BN / 16;
+      // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments). Two buffers (kTwoP): the
+      // softmax of tile i writes one while O += P V of tile i - 1 reads the other, so converting P
+      // is off the path from that P V's end to the next round's MMAs.
+      op_t pf[NPF], pg[NPF];
       float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
@@ -469,15 +480,15 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
         wg::commit();
       };
-      auto issue_pv = [&](int it) {  // O += P V of tile it
+      auto issue_pv = [&](int it, const op_t (&pa)[NPF]) {  // O += P V of tile it
         const unsigned char* sVs = sV + EB * stage(it) * TILE;
         if constexpr (kFp8) {  // V^T [D][BN]: K-major, keys in steps of 32 bytes
 #pragma unroll
-          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pf[kk], wg::desc_bits(sVs + kk * 32, 16, 1024));
+          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + kk * 32, 16, 1024));
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) wg::op<D, DT>::rs_t(oacc, pf[kk], wg::desc_mn<BN>(v16 + LKV::off(kk * 16, 0)));
+          for (int kk = 0; kk < BN / 16; ++kk) wg::op<D, DT>::rs_t(oacc, pa[kk], wg::desc_mn<BN>(v16 + LKV::off(kk * 16, 0)));
         }
         wg::commit();
       };
@@ -540,73 +551,99 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
               if (!visible(j0 + nt * 16 + acc_t::get_j(e), pos[acc_t::row_slot(e)], u.sk, causal, W, S))
                 sacc[nt].x[e] = neg_inf();
         }
-        float mx[acc_t::row_slots], msc[acc_t::row_slots];
-#pragma unroll
-        for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = m_run[s];
+        // This lane's part of each row's max: every 16-key group's, then a tree over the groups (a
+        // chain of BN / 4 dependent max operations would sit on the softmax's critical path).
+        float gmax[BN / 16][acc_t::row_slots];
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
-          if constexpr (kGroupK) {  // max of K's scale times the group's unscaled max (scale > 0)
-            float gm[acc_t::row_slots];
+          bool seen[acc_t::row_slots] = {};
 #pragma unroll
-            for (int s = 0; s < acc_t::row_slots; ++s) gm[s] = neg_inf();
+          for (int e = 0; e < acc_t::ne; ++e) {
+            const int s = acc_t::row_slot(e);
+            gmax[nt][s] = seen[s] ? fmax_(gmax[nt][s], sacc[nt].x[e]) : sacc[nt].x[e];
+            seen[s] = true;
+          }
+          if constexpr (kGroupK)  // K's scale times the group's unscaled max (scale > 0)
 #pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) gm[acc_t::row_slot(e)] = fmax_(gm[acc_t::row_slot(e)], sacc[nt].x[e]);
+            for (int s = 0; s < acc_t::row_slots; ++s) gmax[nt][s] *= gk[nt];
+        }
 #pragma unroll
-            for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = fmax_(mx[s], gm[s] * gk[nt]);
-          } else {
+        for (int w = 1; w < BN / 16; w *= 2)
 #pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) mx[acc_t::row_slot(e)] = fmax_(mx[acc_t::row_slot(e)], sacc[nt].x[e]);
+          for (int nt = 0; nt + w < BN / 16; nt += 2 * w)
+#pragma unroll
+            for (int s = 0; s < acc_t::row_slots; ++s) gmax[nt][s] = fmax_(gmax[nt][s], gmax[nt + w][s]);
+        // V's factors of this tile (O's unit v_ref, known before S: it does not wait for the max).
+        vfac = 1.f;
+        float vc = 1.f;
+        if constexpr (kGroupScales) {
+          // P V in units of v_ref: P times its key's V scale / v_ref (<= 1, so P's e4m3 stays <= 2^8).
+          // The stage holds V's scales relative to the tile's largest, v_tile. The floor keeps an
+          // all-zero-scale start from dividing 0 by 0.
+          const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f);
+          vc = v_tile / v_new;
+          vfac = v_ref / v_new;
+          v_ref = v_new;
+        } else if constexpr (kKeyScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
+          vfac = v_ref / v_tile;
+          v_ref = v_tile;
+        }
+        float msc[acc_t::row_slots];
+        bool grow = false;
+#pragma unroll
+        for (int s = 0; s < acc_t::row_slots; ++s) grow |= m_run[s] == neg_inf() || (gmax[0][s] - m_run[s]) * a_eff[s] > kLazyLog2;
+        // The row's reference max moves only when the new one exceeds it by more than kLazyLog2 (log2
+        // units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
+        // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32. Most tiles move no row's
+        // reference: this lane's maxes and one vote of the warp tell, so the rows' maxes (shuffles
+        // between the lanes of a row) are only taken when one may move.
+        if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) {
+            const float mx = acc_t::row_max(fmax_(gmax[0][s], m_run[s]));
+            const bool g = m_run[s] == neg_inf() || (mx - m_run[s]) * a_eff[s] > kLazyLog2;
+            const float m_new = g ? mx : m_run[s];
+            msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
+            alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
+            m_run[s] = m_new;
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) {
+            msc[s] = m_run[s] * a_eff[s];
+            alpha[s] = 1.f;
           }
         }
+        // P = exp2(S * a - msc), its row sums; then P times V's scales (relative to O's unit).
 #pragma unroll
-        for (int s = 0; s < acc_t::row_slots; ++s) {
-          // The row's reference max moves only when the new one exceeds it by more than kLazyLog2
-          // (log2 units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
-          // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32.
-          mx[s] = acc_t::row_max(mx[s]);
-          const bool grow = m_run[s] == neg_inf() || (mx[s] - m_run[s]) * a_eff[s] > kLazyLog2;
-          const float m_new = grow ? mx[s] : m_run[s];
-          msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
-          alpha[s] = grow ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
-          m_run[s] = m_new;
-          rs[s] = 0.f;
-        }
+        for (int s = 0; s < acc_t::row_slots; ++s) rs[s] = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt)
+        for (int nt = 0; nt < BN / 16; ++nt) {
+          float4 vr;
+          if constexpr (kKeyScales && !kGroupScales) vr = key_scales(it, 1, nt);
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) {
             const int s = acc_t::row_slot(e);
             const float arg = sacc[nt].x[e] * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
-            sacc[nt].x[e] = pv;
             rs[s] += pv;
+            if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vc);
+            else if constexpr (kKeyScales) sacc[nt].x[e] = pv * pick(vr, e);
+            else sacc[nt].x[e] = pv;
           }
-        vfac = 1.f;
-        if constexpr (kGroupScales) {
-          // P V in units of v_ref: P times its key's V scale / v_ref (<= 1, so P's e4m3 stays <= 2^8).
-          // The stage holds V's scales relative to the tile's largest, v_tile. The floor keeps an
-          // all-zero-scale start from dividing 0 by 0.
-          const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f), vc = v_tile / v_new;
-          vfac = v_ref / v_new;
-          v_ref = v_new;
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt) {
-            const float f = gv[nt] * vc;
-#pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= f;
-          }
-        } else if constexpr (kKeyScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt) {
-            const float4 vr = key_scales(it, 1, nt);
-#pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= pick(vr, e);
-          }
-          vfac = v_ref / v_tile;
-          v_ref = v_tile;
         }
       };
-      // After O += P V of the previous tile completed: rescale O, update l, P -> operand registers.
+      // P -> the operand registers of its P V (before the P V in flight completes: another buffer).
+      auto to_operand = [&](op_t (&pa)[NPF]) {
+        if constexpr (kFp8) {
+#pragma unroll
+          for (int kk = 0; kk < NPF; ++kk) wg::to_operand_fp8(pa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < NPF; ++nt) mma::to_operand<DT>(pa[nt], sacc[nt]);
+        }
+      };
+      // After O += P V of the previous tile completed: rescale O, update l.
       auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
         float of[acc_t::row_slots];
@@ -621,13 +658,6 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int dt = 0; dt < D / 16; ++dt)
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= of[acc_t::row_slot(e)];
-        }
-        if constexpr (kFp8) {
-#pragma unroll
-          for (int kk = 0; kk < BN / 32; ++kk) wg::to_operand_fp8(pf[kk], sacc[2 * kk], sacc[2 * kk + 1]);
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt) mma::to_operand<DT>(pf[nt], sacc[nt]);
         }
       };
 
@@ -688,14 +718,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if (!kFp8 && n_iter == 1) free_q();
         softmax(0, alpha, rs, vfac);
         if (kLateFreeK) free_k(0);
+        to_operand(pf);
         finish(alpha, rs, vfac);
-        for (int it = 1; it < n_iter; ++it) {
+        // Round it: S(it) and O += P(it - 1) V(it - 1) issued, the softmax of tile it under the latter;
+        // P(it - 1) in pa, P(it) into pb. Rounds go in pairs so that the buffers alternate by name.
+        auto round = [&](int it, op_t (&pa)[NPF], op_t (&pb)[NPF]) {
           wait_k(it);
           wait_v(it - 1);
           turn_wait();
           wg::fence();
           issue_s(it);
-          issue_pv(it - 1);
+          issue_pv(it - 1, pa);
           turn_pass();
           load_groups(it);
           wg::wait<1>();  // S(it) done; the softmax overlaps O += P V of tile it - 1
@@ -703,20 +736,42 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           if (!kFp8 && it == n_iter - 1) free_q();
           softmax(it, alpha, rs, vfac);
           if (kLateFreeK) free_k(it);
+          if (kTwoP) to_operand(pb);
           wg::wait<0>();
           free_v(it - 1);
           wg::fence_regs(oacc);
-          wg::fence_regs(pf);
+          wg::fence_regs(pa);  // read by the P V until here: not a register the softmax may reuse
+          if (!kTwoP) to_operand(pb);
           finish(alpha, rs, vfac);
+        };
+        auto last_pv = [&](op_t (&pa)[NPF]) {
+          wait_v(n_iter - 1);
+          turn_wait();
+          wg::fence();
+          issue_pv(n_iter - 1, pa);
+          turn_pass();
+        };
+        if constexpr (kTwoP) {
+          int it = 1;
+          for (; it + 1 < n_iter; it += 2) {
+            round(it, pf, pg);
+            round(it + 1, pg, pf);
+          }
+          if (it < n_iter) {  // one round left: P of the last tile ends in pg
+            round(it, pf, pg);
+            last_pv(pg);
+          } else {
+            last_pv(pf);
+          }
+        } else {
+          for (int it = 1; it < n_iter; ++it) round(it, pf, pf);
+          last_pv(pf);
         }
-        wait_v(n_iter - 1);
-        turn_wait();
-        wg::fence();
-        issue_pv(n_iter - 1);
-        turn_pass();
         wg::wait<0>();
         free_v(n_iter - 1);
         wg::fence_regs(oacc);
+        wg::fence_regs(pf);
+        if (kTwoP) wg::fence_regs(pg);
       }
       base += n_iter;
 
