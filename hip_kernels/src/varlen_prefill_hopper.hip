@@ -13,7 +13,11 @@
 //                        V have rings of STAGES tiles, Q one of Q_STAGES: the next unit's Q loads
 //                        while this one computes (a unit of a small window sees few tiles).
 //   intra-warpgroup      round i issues S(i) = Q K(i)^T and O += P(i-1) V(i-1), waits for S(i)
-//   overlap              only, and runs the softmax of tile i while the tensor cores do P V.
+//   overlap              only, and runs the softmax of tile i while the tensor cores do P V; with
+//                        two consumers P(i) goes into the other of two operand buffers meanwhile.
+//   lazy rescaling       a row's reference max moves only when the tile's max passes it by more
+//                        than 2^8: most tiles leave O alone, and a warp whose lanes all stay under
+//                        it (one vote) skips the shuffles of the rows' maxes.
 //   ping-pong            consumer warpgroups take turns to issue their MMAs (named barriers), so
 //                        one's softmax runs under the other's MMAs.
 //   persistent grid      one CTA per SM; its producer claims work units from a global counter as
