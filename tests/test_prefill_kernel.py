@@ -178,6 +178,37 @@ def test_row_max_that_keeps_growing(path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["wgmma", "portable"])
 @pytest.mark.parametrize("d,hq,hk", [(128, 8, 2), (64, 16, 2)])
+def test_row_max_jumps_in_some_rows(path, d, hq, hk, monkeypatch):
+    """Two keys far along a direction u that only every third query row points to: those rows'
+    maxes jump by ~40 (log2 units) at a late tile, the other rows' do not. The Hopper kernel skips
+    the rows' maxes when a warp vote says no row may move its reference; here some warps' rows
+    must move it and their neighbours' must not."""
+    _force_path(path, monkeypatch)
+    seqs = [(200, 900), (130, 130)]
+    g = torch.Generator().manual_seed(5)
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    tq, tk = sum(a for a, _ in seqs), sum(b for _, b in seqs)
+    q = torch.randn(tq, hq, d, generator=g)
+    q[0::3] = q[0::3] * 0.1 + u * d ** 0.5
+    k = torch.randn(tk, hk, d, generator=g)
+    k[[450, 820, 1000]] = 30.0 * u
+    q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
+    v = torch.randn(tk, hk, d, generator=g).to(torch.bfloat16)
+    cu_q = torch.tensor([0, 200, 330], dtype=torch.int32)
+    cu_k = torch.tensor([0, 900, 1030], dtype=torch.int32)
+    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
+    out = torch.full_like(q, float("nan"), device="cuda")
+    lse = torch.full((tq, hq), float("nan"), dtype=torch.float32, device="cuda")
+    prefill.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max_seqlen_q=200,
+                             max_seqlen_k=900, out=out, lse_out=lse)
+    torch.cuda.synchronize()
+    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
+    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, "lse")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["wgmma", "portable"])
+@pytest.mark.parametrize("d,hq,hk", [(128, 8, 2), (64, 16, 2)])
 def test_last_request_ends_at_allocation_end(path, d, hq, hk, monkeypatch):
     # q, k, v, out and lse each exactly as long as the batch, so the last request's rows end at
     # the end of their allocation (run under `compute-sanitizer --tool memcheck` with
