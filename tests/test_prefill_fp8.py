@@ -83,10 +83,10 @@ def unpack(p: gather.PackedFp8, seqs_k):
     """Dequantised packed K, V [sum(seqs_k), H, D] (float32, CPU) from the FP8 layout."""
     k8, vt = p.k.cpu().float(), p.vt.cpu().float()
     H, D, total = vt.shape
-    order = torch.tensor(gather.FP8_KEY_ORDER)
-    # position p of each 16 holds key order[p]: undo it
-    inv = torch.empty_like(order).scatter_(0, order, torch.arange(16))
-    v = vt.reshape(H, D, total // 16, 16)[..., inv].reshape(H, D, total).permute(2, 0, 1)
+    order = torch.tensor(gather.FP8_KEY_ORDERS[p.order])
+    # position q of each 32 holds key order[q]: undo it
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(32))
+    v = vt.reshape(H, D, total // 32, 32)[..., inv].reshape(H, D, total).permute(2, 0, 1)
     if p.scale == "per_tensor":
         ks, vs = p.kv_scale.cpu()
         kf, vf = k8 * ks, v * vs
@@ -110,12 +110,45 @@ def unpack(p: gather.PackedFp8, seqs_k):
 # --- CPU ----------------------------------------------------------------------------------------
 
 
-def test_key_order_is_the_fragment_permutation():
-    """sigma(4q + i) = 2q + (i & 1) + 8 (i >> 1): lane q's accumulator columns, in A-fragment order."""
-    order = gather.FP8_KEY_ORDER
-    assert sorted(order) == list(range(16))
-    for q in range(4):
-        assert [order[4 * q + i] for i in range(4)] == [2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q]
+def _p_operand_keys(order: str) -> dict:
+    """{K-byte: key} of P's e4m3 operand as atom_mma.h builds it (to_operand_fp8 from two acc_t
+    tiles: keys 0-15 and 16-31), over every lane: the accumulator layouts written out."""
+    out = {}
+    if order == "nvidia":  # 32 lanes; acc x[e]: key 8 (e >> 2) + 2 (lane % 4) + (e & 1); word w of the
+        for lane in range(32):  # operand: K-bytes 16 (w >> 1) + 4 (lane % 4) + i from x[0,1,4,5] / x[2,3,6,7]
+            t = lane % 4
+            for w in range(4):
+                for i, e in enumerate((0, 1, 4, 5) if w % 2 == 0 else (2, 3, 6, 7)):
+                    key = 16 * (w >> 1) + 8 * (e >> 2) + 2 * t + (e & 1)
+                    out.setdefault(16 * (w >> 1) + 4 * t + i, set()).add(key)
+    else:  # MFMA, 64 lanes: acc x[e]: key 4 (lane / 16) + e; x[0] / x[1] of the operand: K-bytes
+        for lane in range(64):  # 8 (lane / 16) + i / + 4 + i from the first / second tile's x[i]
+            q = lane // 16
+            for half in range(2):
+                for i in range(4):
+                    out.setdefault(8 * q + 4 * half + i, set()).add(16 * half + 4 * q + i)
+    return out
+
+
+@pytest.mark.parametrize("order", list(gather.FP8_KEY_ORDERS))
+def test_key_order_is_the_p_operand(order):
+    """V^T's position p holds the key whose P the P operand has at K-byte p, on every lane."""
+    keys = gather.FP8_KEY_ORDERS[order]
+    assert sorted(keys) == list(range(32))
+    held = _p_operand_keys(order)
+    assert sorted(held) == list(range(32))
+    for p, ks in held.items():
+        assert ks == {keys[p]}, (p, ks, keys[p])
+
+
+def test_key_order_per_arch():
+    """gather_kv_fp8 writes the order of the device's FP8 MMA: MFMA on gfx942 / gfx950 (the
+    kernels' ATOM_MFMA), the shared wgmma / mma.sync fragment's on NVIDIA."""
+    assert [gather.fp8_key_order(a) for a in ("sm_90a", "sm_89", "gfx942", "gfx950", "gfx1250")] == \
+        ["nvidia", "nvidia", "mfma", "mfma", "nvidia"]
+    # the Hopper kernel's order per 16 keys: sigma(4q + i) = 2q + (i & 1) + 8 (i >> 1)
+    assert gather.FP8_KEY_ORDERS["nvidia"][:16] == (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+    assert gather.FP8_KEY_ORDERS["mfma"][:8] == (0, 1, 2, 3, 16, 17, 18, 19)
 
 
 def test_lane_order_matches_softmax_reads():
