@@ -65,7 +65,7 @@ def fp8_cache(seqs_k, hk, d, page_size, *, per_page, seed=0, extra_pages=3, num_
     for b, n in enumerate(need):
         table[b, :n] = perm[at: at + n].to(torch.int32)
         at += n
-    fp8 = torch.float8_e4m3fn
+    fp8 = runtime.native_fp8_dtype(prefill._default_arch())  # e4m3 FNUZ on gfx942
     shape = (nb, page_size, hk, d)
     k_cache = torch.empty(shape, dtype=fp8, device=DEV)
     v_cache = torch.empty(shape, dtype=fp8, device=DEV)
