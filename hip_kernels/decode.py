@@ -139,7 +139,9 @@ def _mma_arch(arch: str) -> bool:
     if arch.startswith("sm_"):
         digits = "".join(ch for ch in arch[3:] if ch.isdigit())
         return bool(digits) and int(digits) >= 80
-    return arch.startswith(("gfx940", "gfx941", "gfx942", "gfx950"))
+    from hip_kernels.runtime import is_mfma_arch
+
+    return is_mfma_arch(arch)
 
 
 def _max_dynamic_smem(arch: str) -> int:

@@ -10,7 +10,8 @@ flavour, or uint8 holding it) are dequantised to ``out_dtype`` (default bf16) wi
 ``[num_blocks, num_kv_heads]``.
 
 ``gather_kv_fp8(...)`` copies an e4m3 cache as it is into the layout of the FP8 prefill (``PackedFp8``:
-K, V transposed, per-key scales), see ``FP8_ALIGN`` and src/gather.hip.
+K, V transposed in the key order of the device's FP8 MMA, per-key scales), see ``FP8_ALIGN``,
+``FP8_KEY_ORDERS`` and src/fp8_pack.h.
 """
 
 from __future__ import annotations
@@ -63,24 +64,38 @@ def variants() -> list[Variant]:
     return out
 
 
-# The FP8 prefill's K/V layout. Every request starts at a multiple of FP8_ALIGN rows (the prefill's
-# 128-key tile, so a 128-row block of keys is one tile of one request, with one largest V scale);
-# within each 16 keys, V^T holds key FP8_KEY_ORDER[p] at position p (the e4m3 A fragment of P,
-# atom_mma.h to_operand_fp8).
+# The FP8 prefill's K/V layout (src/fp8_pack.h). Every request starts at a multiple of FP8_ALIGN rows
+# (the Hopper kernel's 128-key tile, so a 128-row block of keys is one tile of one request, with one
+# largest V scale); within each 32 keys, V^T holds key FP8_KEY_ORDERS[order][p] at position p: the
+# order in which P's accumulators, as they stand, are the e4m3 left operand of P V on the device
+# (atom_mma.h to_operand_fp8, fp8_p_key).
+#   "nvidia": wgmma k32 (the Hopper kernel) and mma.sync m16n8k32 (the portable body, sm_89+) take
+#             the same A fragment: lane q = lane % 4 holds keys 2q, 2q+1, 8+2q, 9+2q of each 16.
+#   "mfma":   MFMA 16x16x32 fp8 (the portable body on gfx942 / gfx950): lane group q = lane / 16
+#             holds keys 4q..4q+3 and 16+4q..16+4q+3 of each 32 as its K-bytes 8q..8q+7.
 FP8_ALIGN = 128
-FP8_KEY_ORDER = tuple(2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(16))
+FP8_KEY_ORDERS = {
+    "nvidia": tuple(16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(32)),
+    "mfma": tuple(4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1) for p in range(32)),
+}
+
+
+def fp8_key_order(arch: str) -> str:
+    """The V^T key order gather_kv_fp8 writes on `arch` (the kernels' ATOM_MFMA decides it)."""
+    return "mfma" if runtime.is_mfma_arch(arch) else "nvidia"
 
 
 class PackedFp8(NamedTuple):
     """Packed e4m3 K/V for the FP8 prefill (hip_kernels.prefill.varlen_attention with kv=...)."""
 
     k: torch.Tensor  # [total_pad, H, D] e4m3
-    vt: torch.Tensor  # [H, D, total_pad] e4m3, keys in FP8_KEY_ORDER per 16
+    vt: torch.Tensor  # [H, D, total_pad] e4m3, keys of every 32 in FP8_KEY_ORDERS[order]
     cu_kp: torch.Tensor  # int32 [n + 1]: first row of each request (multiples of FP8_ALIGN)
     scale: str  # "per_tensor" | "per_page" (a scale per key) | "per_page16" (pages of a multiple of 16 keys)
     kv_scale: torch.Tensor | None  # per_tensor: fp32 [2] (k, v)
     key_scales: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128, 2, 128] (lane order)
     v_max: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128]
+    order: str = "nvidia"  # V^T's key order (fp8_key_order of the device that packed it)
 
 
 def fp8_padded_starts(seqlens_k) -> list[int]:
@@ -287,7 +302,8 @@ def gather_kv_fp8(
     dev = k_cache.device
     if dev.type != "cuda":
         raise ValueError(f"gather_kv_fp8: caches must be on a GPU, got {dev}")
-    native = runtime.native_fp8_dtype(_arch(dev))
+    arch = _arch(dev)
+    native = runtime.native_fp8_dtype(arch)
     if k_cache.dtype not in (native, torch.uint8):
         raise TypeError(f"gather_kv_fp8: the cache must be {native} (or uint8 holding it), got {k_cache.dtype}")
     if k_cache.stride(3) != 1 or dim % 16 or dim > 256 or any(st % 16 for st in k_cache.stride()[:3]) \
@@ -314,7 +330,7 @@ def gather_kv_fp8(
     else:
         scale = "per_tensor"
         kv_scale = _pair(k_scale, v_scale, dev)
-    out = PackedFp8(k8, vt8, cu_kp, scale, kv_scale, key_scales, v_max)
+    out = PackedFp8(k8, vt8, cu_kp, scale, kv_scale, key_scales, v_max, fp8_key_order(arch))
     if blocks == 0:
         return out
     kern = runtime.load(fp8_variant(layout, "per_tensor" if scale == "per_tensor" else "per_page"), dev)

@@ -20,6 +20,9 @@ and packs the query heads of one KV head into its row tiles (gqa_pack).
 Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off), plus a
 shorter row tile for d = 64/128 under small sliding windows, plus the Hopper kernel for
 d = 64/128 (WGMMA_CONFIGS, WGMMA_WINDOW_CONFIGS for small windows; picked on sm_90a; config_for).
+FP8 compute (k = gather.PackedFp8, docs/fp8.md) x 3 scale modes: the Hopper kernel for d = 128 on
+sm_90a (FP8_CONFIGS), the portable body for d = 64/128 on gfx942 / gfx950 (PORTABLE_FP8_CONFIGS,
+e4m3 MFMAs; on NVIDIA sm_89+ the same body runs mma.sync e4m3, which tests force on the H100).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
 """
@@ -70,8 +73,11 @@ class Config:
             q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + 1024 + 512
-        # Q tile, K and V rings (+ slack for the first wgmma kernel, a bench reference while it lasts)
-        return 2 * head_dim * (self.block_m + 2 * self.stages * self.block_n) + (1024 if dict(self.extra).get("WGMMA") else 0)
+        # 16-bit Q tile, K and V rings (FP8: of bytes; + slack for the first wgmma kernel, a bench reference
+        # while it lasts)
+        eb = 1 if kv_fp8 else 2
+        return 2 * head_dim * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
+            + (1024 if dict(self.extra).get("WGMMA") else 0)
 
     @property
     def ctas_per_sm(self) -> int:  # the Hopper kernel with one consumer warpgroup fits two (or three) per SM
@@ -100,6 +106,11 @@ WGMMA_ARCHS = ("sm_90a",)
 # FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8):
 # every window, since the FP8 layout is in 128-key tiles. Same BLOCK_M as WGMMA_CONFIGS.
 FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True)}
+# FP8 compute on the portable body (KV_FP8 in src/varlen_prefill.hip), on PORTABLE_FP8_ARCHS: 64 rows
+# (4 waves of 16 on AMD), 64-key tiles, two stages: 48 KB of shared memory, inside gfx942's 64 KB
+# LDS. Not tuned (no AMD device here): the shape that compiles without spills on gfx942 / gfx950.
+PORTABLE_FP8_CONFIGS = {64: Config(4, 64, 2), 128: Config(4, 64, 2)}
+PORTABLE_FP8_ARCHS = ("gfx942", "gfx950")
 # per_page: a scale per key (pages of any size); per_page16: one per 16 keys (pages of a multiple of
 # 16), the multiply leaves the path from S to the row max (the kernel's KV_FP8 = 3).
 KV_FP8_MODES = {"per_tensor": 1, "per_page": 2, "per_page16": 3}
@@ -108,9 +119,17 @@ SCHEDULER = "dynamic"  # Hopper: units claimed from a counter as CTAs free up, o
 WORK_ORDER = "request"  # work_items: "request" (grouped, L2-friendly) or "cost" (longest first overall)
 
 
+def _fp8_configs(arch: str | None) -> dict:
+    """The FP8-compute tile table of `arch`: the Hopper kernel's on sm_90a, the portable body's on
+    PORTABLE_FP8_ARCHS, none elsewhere."""
+    if arch in WGMMA_ARCHS:
+        return FP8_CONFIGS
+    return PORTABLE_FP8_CONFIGS if arch in PORTABLE_FP8_ARCHS else {}
+
+
 def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
     """An FP8-compute prefill kernel exists for this head dim on `arch`."""
-    return arch in WGMMA_ARCHS and head_dim in FP8_CONFIGS
+    return head_dim in _fp8_configs(arch)
 
 
 def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: bool = False) -> Config:
@@ -119,7 +138,7 @@ def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: boo
     if fp8:
         if not fp8_compute_available(head_dim, arch):
             raise ValueError(f"no FP8-compute prefill kernel for head_dim {head_dim} on {arch}")
-        return FP8_CONFIGS[head_dim]
+        return _fp8_configs(arch)[head_dim]
     small = 0 < window <= SMALL_WINDOW
     if arch in WGMMA_ARCHS:
         table = WGMMA_WINDOW_CONFIGS if small else WGMMA_CONFIGS
@@ -149,25 +168,23 @@ def _default_arch() -> str | None:
 
 @functools.lru_cache(maxsize=None)  # per launch: a Variant costs ~10 us to build
 def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None = None, kv_fp8: int = 0):
-    """kv_fp8: 0, or KV_FP8_MODES[scale] (the Hopper kernel's FP8 compute)."""
+    """kv_fp8: 0, or KV_FP8_MODES[scale] (FP8 compute, on either body)."""
     from hip_kernels.runtime import Variant
 
     cfg = cfg or CONFIGS[head_dim]
+    fp8 = {"KV_FP8": kv_fp8} if kv_fp8 else {}
     if cfg.wgmma:
         if cfg.num_warps % 4 or cfg.warp_m_tiles != 1 or cfg.exp_poly:
             raise ValueError(f"Hopper prefill config {cfg}: whole warpgroups, one row tile per warp")
-        fp8 = {"KV_FP8": kv_fp8} if kv_fp8 else {}
         return Variant(HOPPER_SOURCE, HOPPER_KERNEL,
                        {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                         "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                         "PINGPONG": int(cfg.pingpong and cfg.num_warps >= 8), "Q_STAGES": cfg.q_stages,
                         **({"CTAS": cfg.ctas} if cfg.ctas else {}),
                         **fp8, **dict(cfg.extra)})
-    if kv_fp8:
-        raise ValueError("FP8 compute runs on the Hopper kernel only")
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-               "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **dict(cfg.extra)}
+               "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **fp8, **dict(cfg.extra)}
     return Variant(SOURCE, KERNEL, defines)
 
 
@@ -190,8 +207,8 @@ def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
     cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items()) \
         + list(WGMMA_WINDOW_CONFIGS.items())
-    fp8 = [_variant(d, code, sc, cfg, mode) for d, cfg in FP8_CONFIGS.items() for code in (0, 1)
-           for sc in (False, True) for mode in KV_FP8_MODES.values()]
+    fp8 = [_variant(d, code, sc, cfg, mode) for d, cfg in [*FP8_CONFIGS.items(), *PORTABLE_FP8_CONFIGS.items()]
+           for code in (0, 1) for sc in (False, True) for mode in KV_FP8_MODES.values()]
     return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)] + fp8
 
 
@@ -236,9 +253,10 @@ def _check_aligned(name: str, t: torch.Tensor) -> None:
                          "and the data pointer must be multiples of 16")
 
 
-def _check_fp8_pack(kv, q, cu_seqlens_k) -> None:
-    """The PackedFp8 of gather_kv_fp8 fits q: shapes, dtypes, device, scales of its mode."""
-    from hip_kernels.gather import FP8_ALIGN
+def _check_fp8_pack(kv, q, cu_seqlens_k, arch: str | None) -> None:
+    """The PackedFp8 of gather_kv_fp8 fits q and the FP8 body of `arch`: shapes, dtypes, device,
+    scales of its mode, V^T's key order."""
+    from hip_kernels.gather import FP8_ALIGN, FP8_KEY_ORDERS, fp8_key_order
 
     k8, vt = kv.k, kv.vt
     if k8.dim() != 3 or vt.dim() != 3 or tuple(vt.shape) != (k8.shape[1], k8.shape[2], k8.shape[0]):
@@ -260,6 +278,9 @@ def _check_fp8_pack(kv, q, cu_seqlens_k) -> None:
             raise ValueError("PackedFp8: per_page needs key_scales [H, blocks, 2, 128] and v_max [H, blocks]")
     else:
         raise ValueError(f"PackedFp8: scale {kv.scale!r} is not one of {tuple(KV_FP8_MODES)}")
+    if kv.order not in FP8_KEY_ORDERS or (arch is not None and kv.order != fp8_key_order(arch)):
+        raise ValueError(f"PackedFp8: V^T in key order {kv.order!r}, the FP8 prefill on {arch} reads "
+                         f"{fp8_key_order(arch) if arch else tuple(FP8_KEY_ORDERS)!r} (pack on the device that runs it)")
 
 
 def _check_cu(name: str, t, device) -> None:
@@ -278,8 +299,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                      lse_out: torch.Tensor | None = None):
     """Attention of packed varlen queries q [total_q, hq, d] over packed k, v [total_kv, hk, d].
 
-    k may instead be a ``gather.PackedFp8`` (``gather.gather_kv_fp8``; v = None): FP8 compute, Q
-    quantized per (token, head) inside the kernel (max|q| / 448), sm_90a and d = 128 only.
+    k may instead be a ``gather.PackedFp8`` (``gather.gather_kv_fp8`` on the same device; v = None):
+    FP8 compute, Q quantized per (token, head) inside the kernel (max|q| / the e4m3 maximum), where
+    fp8_compute_available (sm_90a: d = 128; gfx942 / gfx950: d = 64 / 128).
     Returns out (q's dtype, [total_q, hq, d]), or (out, lse) with return_lse (lse fp32
     [total_q, hq]). max_seqlen_q / max_seqlen_k are host ints, upper bounds of the lengths (not
     checked: that would read cu_seqlens on the host); rows past max_seqlen_q are not written.
@@ -295,10 +317,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     from hip_kernels.gather import PackedFp8
 
     fp8 = k if isinstance(k, PackedFp8) else None
+    arch = _device_arch(q.device) if q.is_cuda else None
     if fp8 is not None:
         if v is not None:
             raise ValueError("with k = PackedFp8 (FP8 compute) v must be None: the pack holds V")
-        _check_fp8_pack(fp8, q, cu_seqlens_k)
+        _check_fp8_pack(fp8, q, cu_seqlens_k, arch)
         k = fp8.k
     else:
         for name, t in (("k", k), ("v", v)):
@@ -354,7 +377,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return_lse = True
     lse = lse_out if lse_out is not None else \
         torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    cfg = config_for(d, window, _device_arch(q.device) if q.is_cuda else None, fp8 is not None)
+    cfg = config_for(d, window, arch, fp8 is not None)
     if work is not None:
         if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
                 or work.shape[1] != 2 or not work.is_contiguous():
@@ -407,11 +430,19 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
              out.stride(0), out.stride(1), n_y, hq, batch, hq // hk, max_tiles, int(causal), window, sink_tokens,
              pack, runtime.f32(a), runtime.f32(c), shared_mem=cfg.smem_bytes(d, kv_fp8))
         return (out, lse) if return_lse else out
+    if fp8 is not None:  # the pack's K8 and V^T; V^T's strides: between dims, between heads
+        vt = fp8.vt
+        kv = (k, vt, k.stride(0), k.stride(1), vt.stride(1), vt.stride(0))
+        per_page = fp8.scale != "per_tensor"
+        fp8_args = (fp8.kv_scale, fp8.key_scales, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
+    else:
+        kv = (k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+        fp8_args = (None, None, None, 0, None)
     kern((hq, n_y), cfg.threads(wsize),
-         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
-         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-         batch, hq // hk, max_tiles, int(causal), window, sink_tokens, runtime.f32(a), runtime.f32(c),
-         shared_mem=cfg.smem_bytes(d))
+         q, *kv[:2], out, lse, cu_seqlens_q, cu_seqlens_k, work, sinks,
+         q.stride(0), q.stride(1), *kv[2:], out.stride(0), out.stride(1),
+         batch, hq // hk, max_tiles, int(causal), window, sink_tokens, runtime.f32(a), runtime.f32(c), *fp8_args,
+         shared_mem=cfg.smem_bytes(d, kv_fp8))
     return (out, lse) if return_lse else out
 
 

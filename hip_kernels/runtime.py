@@ -161,6 +161,11 @@ def warp_size(arch: str) -> int:
     return 64 if re.fullmatch(r"gfx9\w*", arch) else 32
 
 
+def is_mfma_arch(arch: str) -> bool:
+    """The targets of atom_mma.h's MFMA back end (ATOM_MFMA: CDNA3 gfx940-942, CDNA4 gfx950)."""
+    return arch.startswith(("gfx940", "gfx941", "gfx942", "gfx950"))
+
+
 def native_fp8_dtype(arch: str):
     """The e4m3 flavour the hardware converts natively (DESIGN.md "FP8 KV cache")."""
     import torch

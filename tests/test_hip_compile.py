@@ -13,6 +13,13 @@ from hip_kernels import runtime, variants as all_variants
 NO_SPILL = {"gather", "combine"}
 
 
+def _must_not_spill(modname: str, v, arch: str) -> bool:
+    """NO_SPILL's modules, and on AMD the portable prefill's FP8 compute (the FP8 prefill there;
+    on sm_90a it is a validation path whose e4m3 mma.sync ptxas emulates, docs/fp8.md)."""
+    return modname in NO_SPILL or (arch.startswith("gfx") and v.kernel == "varlen_prefill"
+                                   and "KV_FP8" in dict(v.defines))
+
+
 def _have_nvrtc() -> bool:
     try:
         runtime.toolchain_for("sm_90a")
@@ -52,7 +59,7 @@ def test_all_variants_compile(modname, arch, cache, capsys):
     variants = all_variants.kernel_modules()[modname].variants()
     assert variants, f"hip_kernels.{modname}.variants() is empty"
     assert len(set(variants)) == len(variants), "duplicate variants"
-    spilled, regs = [], [0]
+    spilled, fatal, regs = [], [], [0]
     for v in variants:
         c = runtime.compile_variant(v, arch)
         assert c.binary, v.name
@@ -65,12 +72,13 @@ def test_all_variants_compile(modname, arch, cache, capsys):
         spills = use.get("spill_stores", 0) + use.get("vgpr_spills", 0) + use.get("sgpr_spills", 0)
         if spills:
             spilled.append(f"{v.name}: {use}")
+            if _must_not_spill(modname, v, arch):
+                fatal.append(spilled[-1])
     with capsys.disabled():
         print(f"\n[{arch}] hip_kernels.{modname}: {len(variants)} variants, max registers {max(regs)}, "
               f"spilling: {spilled or 'none'}")
-    if modname in NO_SPILL:
-        assert not spilled, f"spills on {arch}:\n" + "\n".join(spilled)
-    elif spilled:
+    assert not fatal, f"spills on {arch}:\n" + "\n".join(fatal)
+    if spilled:
         import warnings
 
         warnings.warn(f"{modname} spills on {arch}: " + "; ".join(spilled))

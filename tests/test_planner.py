@@ -325,10 +325,17 @@ FP8_LLAMA = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tenso
     (replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=24), H100, DEFAULT, False, "cost"),
     (FP8_LLAMA, H100, PlannerConfig(fp8_compute=False), False, "forced_by_config"),
     (replace(FP8_LLAMA, head_dim=64), H100, DEFAULT, False, "unsupported_head_dim"),
-    (FP8_LLAMA, platform_for("gfx950", use_tables=False), DEFAULT, False, "kernel_unavailable"),
+    # gfx950 / gfx942: the portable body's e4m3 MFMAs, d = 64 too; gfx942's cache is e4m3 FNUZ
+    (FP8_LLAMA, platform_for("gfx950", use_tables=False), DEFAULT, True, "preferred"),
+    (replace(FP8_LLAMA, head_dim=64, kv_scale_mode="per_page"), platform_for("gfx950", use_tables=False), DEFAULT,
+     True, "preferred"),
+    (replace(FP8_LLAMA, kv_dtype="fp8_e4m3fnuz"), platform_for("gfx942", use_tables=False), DEFAULT, True, "preferred"),
+    (replace(FP8_LLAMA, head_dim=256), platform_for("gfx950", use_tables=False), DEFAULT, False,
+     "unsupported_head_dim"),
+    (FP8_LLAMA, platform_for("gfx1250", use_tables=False), DEFAULT, False, "kernel_unavailable"),
     (LLAMA, H100, DEFAULT, False, "unsupported_kv_format"),
 ], ids=["per_tensor", "per_page16", "page1024_softcap", "per_key_page1", "per_key_page24", "disabled", "d64",
-        "gfx950", "bf16_cache"])
+        "gfx950", "gfx950_d64_per_page", "gfx942_fnuz", "gfx950_d256", "gfx1250", "bf16_cache"])
 def test_fp8_compute_routing(facts, platform, config, fp8, reason):
     p = plan([4096, 1, 300], [0, 900, 1200], facts, platform, config)
     assert list(p.varlen) == [0, 2]
@@ -359,5 +366,14 @@ def test_fp8_compute_registry_selection():
         assert not any(n.startswith("atom_quantize_rows") for n in names)  # the kernel quantizes Q itself
     sel = registry.select(replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=1), "sm_90a")
     assert any("KV_FP8=2" in v.name for v in sel.variants["varlen"])  # declared, though routed 16-bit
+    # gfx942 keeps e4m3 FNUZ in its cache: an OCP e4m3 model has no FP8 kernels there
     assert not any("KV_FP8" in v.name for v in registry.select(FP8_LLAMA, "gfx942").variants["varlen"])
     assert prefill.fp8_compute_available(128, "sm_90a")
+    # gfx942 / gfx950: the portable body (varlen_prefill with KV_FP8), never the Hopper kernel's
+    for arch, kv in (("gfx942", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3")):
+        for hd in (64, 128):
+            names = [v.name for v in registry.select(replace(FP8_LLAMA, kv_dtype=kv, head_dim=hd, kv_scale_mode="per_page",
+                                                             page_size=16), arch).variants["varlen"]]
+            assert any(n.startswith("varlen_prefill[") and "KV_FP8=3" in n and f"HEAD_DIM={hd}" in n for n in names), names
+            assert not any(n.startswith("varlen_prefill_hopper") for n in names)
+            assert any(n.startswith("atom_gather_kv_fp8") for n in names)

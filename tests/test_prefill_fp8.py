@@ -1,26 +1,53 @@
-"""FP8 compute prefill: gather_kv_fp8's layout and the FP8 Hopper kernel (Q quantized inside) against
-the reference on the dequantised cache (DESIGN.md "FP8 compute": tolerances.fp8_compute_bound).
+"""FP8 compute prefill: gather_kv_fp8's layout and the FP8 bodies (Q quantized inside) against the
+reference on the dequantised cache (docs/fp8.md: tolerances.fp8_compute_bound).
 
-GPU tests (-m gpu, sm_90a for the kernel): page sizes 1 / 16 / 1024, per-tensor and per-page
-scales with a jump of 2^3 between adjacent pages, vLLM and SGLang page tables, permuted pages
-including the pool's last, a pool over 4 GiB, and the must-have attention cases of DESIGN.md.
-CPU tests: the layout constants the kernel and the gather share, plan-time errors.
+Two bodies (the `body` fixture): "hopper", the sm_90a wgmma kernel, and "portable", the portable
+body's FP8 compute (src/varlen_prefill.hip, KV_FP8), which the planner routes on gfx942 / gfx950
+(e4m3 MFMAs) and which tests force on any NVIDIA sm_89+ GPU (mma.sync m16n8k32 e4m3): the H100
+checks its lane layouts, key order, scales and softmax against the reference.
+
+GPU tests (-m gpu): page sizes 1 / 16 / 1024, per-tensor and per-page scales with a jump of 2^3
+between adjacent pages, vLLM and SGLang page tables, permuted pages including the pool's last, a
+pool over 4 GiB, rising logits (the lazy reference max), the must-have attention cases of DESIGN.md,
+head dim 64 (portable). CPU tests: the layout constants the kernels and the gather share, routing,
+plan-time errors, the FP8 MFMA in the gfx942 / gfx950 code objects.
 """
 
 from __future__ import annotations
+
+import re
+import shutil
+import subprocess
 
 import pytest
 import torch
 
 from atom_backend import reference as ref
 from atom_backend.tolerances import assert_close, assert_lse_close, errors, fp8_compute_bound, fp8_compute_lse_bound
-from hip_kernels import gather, prefill
+from hip_kernels import gather, prefill, runtime
 
 DEV = "cuda"
 
 
-def _sm90a() -> bool:
-    return torch.cuda.is_available() and prefill._default_arch() in prefill.WGMMA_ARCHS
+def _portable_fp8_runs_on(arch: str | None) -> bool:
+    """The portable FP8 body has e4m3 MMAs on arch: MFMA (PORTABLE_FP8_ARCHS) or mma.sync (sm_89+)."""
+    m = re.fullmatch(r"sm_(\d+)a?", arch or "")
+    return arch in prefill.PORTABLE_FP8_ARCHS or (m is not None and int(m.group(1)) >= 89)
+
+
+@pytest.fixture(params=["hopper", "portable"])
+def body(request, monkeypatch):
+    """The FP8 body under test; "portable" replaces the device's FP8 tile table by the portable
+    body's (on sm_90a: the Hopper kernel's), so config_for, work_items and varlen_attention take it."""
+    arch = prefill._default_arch()
+    if request.param == "hopper":
+        if arch not in prefill.WGMMA_ARCHS:
+            pytest.skip(f"the Hopper FP8 kernel is sm_90a only (device: {arch})")
+    else:
+        if not _portable_fp8_runs_on(arch):
+            pytest.skip(f"no e4m3 MMA on {arch} for the portable FP8 body")
+        monkeypatch.setattr(prefill, "_fp8_configs", lambda arch: prefill.PORTABLE_FP8_CONFIGS)
+    return request.param
 
 
 def fp8_cache(seqs_k, hk, d, page_size, *, per_page, seed=0, extra_pages=3, num_blocks=None):
@@ -38,7 +65,7 @@ def fp8_cache(seqs_k, hk, d, page_size, *, per_page, seed=0, extra_pages=3, num_
     for b, n in enumerate(need):
         table[b, :n] = perm[at: at + n].to(torch.int32)
         at += n
-    fp8 = torch.float8_e4m3fn
+    fp8 = runtime.native_fp8_dtype(prefill._default_arch())  # e4m3 FNUZ on gfx942
     shape = (nb, page_size, hk, d)
     k_cache = torch.empty(shape, dtype=fp8, device=DEV)
     v_cache = torch.empty(shape, dtype=fp8, device=DEV)
@@ -83,10 +110,10 @@ def unpack(p: gather.PackedFp8, seqs_k):
     """Dequantised packed K, V [sum(seqs_k), H, D] (float32, CPU) from the FP8 layout."""
     k8, vt = p.k.cpu().float(), p.vt.cpu().float()
     H, D, total = vt.shape
-    order = torch.tensor(gather.FP8_KEY_ORDER)
-    # position p of each 16 holds key order[p]: undo it
-    inv = torch.empty_like(order).scatter_(0, order, torch.arange(16))
-    v = vt.reshape(H, D, total // 16, 16)[..., inv].reshape(H, D, total).permute(2, 0, 1)
+    order = torch.tensor(gather.FP8_KEY_ORDERS[p.order])
+    # position q of each 32 holds key order[q]: undo it
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(32))
+    v = vt.reshape(H, D, total // 32, 32)[..., inv].reshape(H, D, total).permute(2, 0, 1)
     if p.scale == "per_tensor":
         ks, vs = p.kv_scale.cpu()
         kf, vf = k8 * ks, v * vs
@@ -110,12 +137,45 @@ def unpack(p: gather.PackedFp8, seqs_k):
 # --- CPU ----------------------------------------------------------------------------------------
 
 
-def test_key_order_is_the_fragment_permutation():
-    """sigma(4q + i) = 2q + (i & 1) + 8 (i >> 1): lane q's accumulator columns, in A-fragment order."""
-    order = gather.FP8_KEY_ORDER
-    assert sorted(order) == list(range(16))
-    for q in range(4):
-        assert [order[4 * q + i] for i in range(4)] == [2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q]
+def _p_operand_keys(order: str) -> dict:
+    """{K-byte: key} of P's e4m3 operand as atom_mma.h builds it (to_operand_fp8 from two acc_t
+    tiles: keys 0-15 and 16-31), over every lane: the accumulator layouts written out."""
+    out = {}
+    if order == "nvidia":  # 32 lanes; acc x[e]: key 8 (e >> 2) + 2 (lane % 4) + (e & 1); word w of the
+        for lane in range(32):  # operand: K-bytes 16 (w >> 1) + 4 (lane % 4) + i from x[0,1,4,5] / x[2,3,6,7]
+            t = lane % 4
+            for w in range(4):
+                for i, e in enumerate((0, 1, 4, 5) if w % 2 == 0 else (2, 3, 6, 7)):
+                    key = 16 * (w >> 1) + 8 * (e >> 2) + 2 * t + (e & 1)
+                    out.setdefault(16 * (w >> 1) + 4 * t + i, set()).add(key)
+    else:  # MFMA, 64 lanes: acc x[e]: key 4 (lane / 16) + e; x[0] / x[1] of the operand: K-bytes
+        for lane in range(64):  # 8 (lane / 16) + i / + 4 + i from the first / second tile's x[i]
+            q = lane // 16
+            for half in range(2):
+                for i in range(4):
+                    out.setdefault(8 * q + 4 * half + i, set()).add(16 * half + 4 * q + i)
+    return out
+
+
+@pytest.mark.parametrize("order", list(gather.FP8_KEY_ORDERS))
+def test_key_order_is_the_p_operand(order):
+    """V^T's position p holds the key whose P the P operand has at K-byte p, on every lane."""
+    keys = gather.FP8_KEY_ORDERS[order]
+    assert sorted(keys) == list(range(32))
+    held = _p_operand_keys(order)
+    assert sorted(held) == list(range(32))
+    for p, ks in held.items():
+        assert ks == {keys[p]}, (p, ks, keys[p])
+
+
+def test_key_order_per_arch():
+    """gather_kv_fp8 writes the order of the device's FP8 MMA: MFMA on gfx942 / gfx950 (the
+    kernels' ATOM_MFMA), the shared wgmma / mma.sync fragment's on NVIDIA."""
+    assert [gather.fp8_key_order(a) for a in ("sm_90a", "sm_89", "gfx942", "gfx950", "gfx1250")] == \
+        ["nvidia", "nvidia", "mfma", "mfma", "nvidia"]
+    # the Hopper kernel's order per 16 keys: sigma(4q + i) = 2q + (i & 1) + 8 (i >> 1)
+    assert gather.FP8_KEY_ORDERS["nvidia"][:16] == (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+    assert gather.FP8_KEY_ORDERS["mfma"][:8] == (0, 1, 2, 3, 16, 17, 18, 19)
 
 
 def test_lane_order_matches_softmax_reads():
@@ -134,10 +194,12 @@ def test_padded_starts():
 
 def test_fp8_config_and_errors():
     assert prefill.fp8_compute_available(128, "sm_90a")
-    assert not prefill.fp8_compute_available(64, "sm_90a") and not prefill.fp8_compute_available(128, "gfx942")
+    assert not prefill.fp8_compute_available(64, "sm_90a") and not prefill.fp8_compute_available(128, "sm_80")
     assert prefill.config_for(128, 128, "sm_90a", fp8=True).block_m == prefill.config_for(128, 0, "sm_90a").block_m
     with pytest.raises(ValueError, match="FP8-compute"):
         prefill.config_for(64, 0, "sm_90a", fp8=True)
+    with pytest.raises(ValueError, match="FP8-compute"):
+        prefill.config_for(256, 0, "gfx950", fp8=True)
     q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
     p = gather.PackedFp8(torch.zeros(128, 1, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 128, 64, dtype=torch.float8_e4m3fn),
                          torch.tensor([0, 128], dtype=torch.int32), "per_tensor", torch.ones(2), None, None)
@@ -146,6 +208,55 @@ def test_fp8_config_and_errors():
         prefill.varlen_attention(q, p, None, cu, cu, max_seqlen_q=4, max_seqlen_k=4)
     with pytest.raises(ValueError, match="v must be None"):
         prefill.varlen_attention(q, p, p.k, cu, cu, max_seqlen_q=4, max_seqlen_k=4)
+
+
+def test_portable_fp8_routing():
+    """gfx942 / gfx950 compute FP8 prefill on the portable body (d 64 and 128), sm_90a stays on the
+    Hopper kernel; the portable tile fits gfx942's 64 KB of LDS."""
+    for arch in prefill.PORTABLE_FP8_ARCHS:
+        for d in (64, 128):
+            cfg = prefill.config_for(d, 0, arch, fp8=True)
+            assert prefill.fp8_compute_available(d, arch) and not cfg.wgmma
+            assert cfg.smem_bytes(d, kv_fp8=1) <= 64 * 1024
+            assert prefill._variant(d, 0, False, cfg, 3).source == prefill.SOURCE
+            items = prefill.work_items([300], [300], head_dim=d, arch=arch, fp8=True)
+            assert items.shape[0] == -(-300 // cfg.block_m)
+    assert prefill.config_for(128, 0, "sm_90a", fp8=True).wgmma
+
+
+def test_pack_order_must_match_the_body():
+    """A pack written for another family's FP8 MMA (its V^T key order) is refused at plan time."""
+    q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    p = gather.PackedFp8(torch.zeros(128, 1, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 128, 128, dtype=torch.float8_e4m3fn),
+                         torch.tensor([0, 128], dtype=torch.int32), "per_tensor", torch.ones(2), None, None, "mfma")
+    prefill._check_fp8_pack(p, q, cu, "gfx950")
+    with pytest.raises(ValueError, match="key order"):
+        prefill._check_fp8_pack(p, q, cu, "sm_90a")
+    with pytest.raises(ValueError, match="key order"):
+        prefill._check_fp8_pack(p._replace(order="hopper"), q, cu, None)
+
+
+@pytest.mark.parametrize("arch", list(prefill.PORTABLE_FP8_ARCHS))
+def test_portable_fp8_body_uses_the_fp8_mfma(arch, tmp_path, monkeypatch):
+    """The compiled FP8 body multiplies with v_mfma_f32_16x16x32_fp8_fp8 and has no trap (the
+    fallback of a target without e4m3 MMAs), and spills nothing."""
+    exe = shutil.which("llvm-objdump-22") or shutil.which("llvm-objdump")
+    try:
+        runtime.toolchain_for(arch)
+    except runtime.ToolchainMissingError as e:
+        pytest.skip(str(e))
+    assert exe, "llvm-objdump-22 (llvm-22) is needed to read the code object"
+    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
+    for mode in prefill.KV_FP8_MODES.values():
+        c = runtime.compile_variant(prefill._variant(128, 0, False, prefill.config_for(128, 0, arch, fp8=True), mode), arch)
+        use = runtime.resource_usage(c)
+        assert use.get("vgpr_spills", 0) == 0 and use.get("sgpr_spills", 0) == 0 and use.get("scratch", 0) == 0, use
+        co = tmp_path / f"{arch}_{mode}.co"
+        co.write_bytes(c.binary)
+        text = subprocess.run([exe, "-d", str(co)], capture_output=True, text=True, check=True).stdout
+        assert "v_mfma_f32_16x16x32_fp8_fp8" in text and "s_trap" not in text
 
 
 # --- GPU ----------------------------------------------------------------------------------------
@@ -185,14 +296,19 @@ def test_gather_fp8_check_pages_rejects_out_of_range_ids():
 
 
 def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=torch.bfloat16, seed=0, layout="vllm",
-                        num_blocks=None, q_edit=None):
+                        num_blocks=None, q_edit=None, cache_edit=None, d=128):
+    """FP8 compute of a random batch (q_edit(q), cache_edit(k_cache, table, seqs_k, scales) change
+    the inputs first) against the reference on the dequantized cache, output and lse poisoned."""
     seqs_k = [b for _, b in seqs]
-    kc, vc, table, scales = fp8_cache(seqs_k, hk, 128, page_size, per_page=per_page, seed=seed, num_blocks=num_blocks)
+    kc, vc, table, scales = fp8_cache(seqs_k, hk, d, page_size, per_page=per_page, seed=seed, num_blocks=num_blocks)
+    if cache_edit is not None:
+        cache_edit(kc, table, seqs_k, scales)
     p = pack(kc, vc, table, seqs_k, scales, layout)
     # pages of a multiple of 16 keys: one scale per 16 keys (KV_FP8 = 3), else one per key
     assert p.scale == ("per_tensor" if not per_page else "per_page16" if page_size % 16 == 0 else "per_page")
+    assert p.order == gather.fp8_key_order(prefill._default_arch())
     g = torch.Generator().manual_seed(seed + 1)
-    q = torch.randn(sum(a for a, _ in seqs), hq, 128, generator=g).to(dtype)
+    q = torch.randn(sum(a for a, _ in seqs), hq, d, generator=g).to(dtype)
     if q_edit is not None:
         q_edit(q)
     kw = dict(kw)
@@ -204,7 +320,7 @@ def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=tor
     qd = q.to(DEV)
     out = torch.full_like(qd, float("nan"))
     lse = torch.full((q.shape[0], hq), float("nan"), device=DEV)
-    work = prefill.work_items([a for a, _ in seqs], seqs_k, head_dim=128, causal=kw.get("causal", True),
+    work = prefill.work_items([a for a, _ in seqs], seqs_k, head_dim=d, causal=kw.get("causal", True),
                               window=kw.get("window", 0), sink_tokens=kw.get("sink_tokens", 0), fp8=True).to(DEV)
     prefill.varlen_attention(qd, p, None, cu_q, cu_k, max_seqlen_q=max(a for a, _ in seqs), max_seqlen_k=max(seqs_k),
                              sinks=None if sinks is None else sinks.to(DEV), out=out, lse_out=lse, work=work, **kw)
@@ -212,7 +328,7 @@ def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=tor
     bound = fp8_compute_bound(v_ref.abs().max().item() if v_ref.numel() else 0.0)
     assert_close(out.float().cpu(), o_ref, bound, "out")
     # |x| <= scale |q| |k| (Cauchy-Schwarz): the largest logit magnitude this batch can have
-    x_max = q.float().norm(dim=-1).max().item() * (k_ref.norm(dim=-1).max().item() if k_ref.numel() else 0.0) / 128 ** 0.5
+    x_max = q.float().norm(dim=-1).max().item() * (k_ref.norm(dim=-1).max().item() if k_ref.numel() else 0.0) / d ** 0.5
     assert_lse_close(lse.cpu(), lse_ref, fp8_compute_lse_bound(x_max), "lse")
     return errors(out.float().cpu(), o_ref)
 
@@ -235,28 +351,25 @@ FP8_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
 @pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
                          ids=["per_page16", "per_key", "per_tensor"])
 @pytest.mark.parametrize("name", list(FP8_CASES))
-def test_fp8_prefill_vs_reference(name, per_page, page_size):
+def test_fp8_prefill_vs_reference(name, per_page, page_size, body):
     seqs, hq, hk, kw = FP8_CASES[name]
     _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
 @pytest.mark.parametrize("page_size", [1, 16, 1024])
 @pytest.mark.parametrize("layout", ["vllm", "sglang"])
-def test_fp8_prefill_page_sizes_and_transitions(page_size, layout):
+def test_fp8_prefill_page_sizes_and_transitions(page_size, layout, body):
     """Scales jump by 2^3 at every page boundary: inside one 128-key tile for pages 1 and 16."""
     _fp8_attention_case([(200, 700), (64, 64), (1, 1100)], 8, 2, {}, page_size=page_size, layout=layout)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
 @pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
-def test_fp8_prefill_q_rows_of_any_magnitude(per_page):
+def test_fp8_prefill_q_rows_of_any_magnitude(per_page, body):
     """The kernel quantizes Q with one scale per (token, head): an all-zero row (scale 1: S = 0,
     a uniform softmax, no NaN) and rows 10^-3 or 2 times the others keep the bound. (The bound
     assumes logits of about unit variance: Q's rounding alone moves a row 30 times larger past it.)"""
@@ -270,14 +383,12 @@ def test_fp8_prefill_q_rows_of_any_magnitude(per_page):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
-def test_fp8_prefill_fp16_queries():
+def test_fp8_prefill_fp16_queries(body):
     _fp8_attention_case([(300, 300), (10, 500)], 8, 2, {}, dtype=torch.float16)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90a(), reason="the FP8-compute prefill kernel is sm_90a only")
-def test_fp8_pool_over_4gib_pages_at_the_end():
+def test_fp8_pool_over_4gib_pages_at_the_end(body):
     """A 4.3 GB pool per cache (1 head x 128 B per slot, 16-slot pages): the used pages,
     permuted, include the pool's last ones (byte offsets past 2^32)."""
     free = torch.cuda.mem_get_info()[0]
@@ -285,3 +396,42 @@ def test_fp8_pool_over_4gib_pages_at_the_end():
         pytest.skip("needs 12 GiB of free device memory")
     nb = (2**32 // (16 * 128)) + 4096
     _fp8_attention_case([(300, 900), (5, 700)], 4, 1, {}, num_blocks=nb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("body", ["portable"], indirect=True)
+@pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
+                         ids=["per_page16", "per_key", "per_tensor"])
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks"])
+def test_fp8_prefill_head_dim_64(name, per_page, page_size, body):
+    """d = 64: the portable body only (the Hopper kernel's FP8 path is d = 128)."""
+    seqs, hq, hk, kw = FP8_CASES[name]
+    _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size, d=64)
+
+
+def _rising_keys(kc, table, seqs_k, scales, u):
+    """K of key j = (0.003 j + 6 [j >= 600]) u + noise, stored as e4m3 under its page's scale: with Q
+    along u the logits rise along the keys, a little on every tile (P > 1 under the lazy reference
+    max) and by 6 (more than 2^8 in P) at key 600, which must move it and rescale O. The range stays
+    small: Q's rounding moves a logit by about 0.2 % of it."""
+    g = torch.Generator().manual_seed(9)
+    ps = kc.shape[1]
+    for b, n in enumerate(seqs_k):
+        j = torch.arange(n)
+        pages, slots = table[b, j // ps].cpu().long(), j % ps
+        k = (0.003 * j + 6.0 * (j >= 600))[:, None, None] * u + 0.05 * torch.randn(n, kc.shape[2], kc.shape[3], generator=g)
+        s = scales["k_descale"].cpu()[pages][:, :, None] if "k_descale" in scales else scales["k_scale"]
+        kc[pages.to(DEV), slots.to(DEV)] = (k / s).to(kc.dtype).to(DEV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
+def test_fp8_prefill_row_max_that_keeps_growing(per_page, body):
+    d = 128
+    u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5  # flat: +-1/sqrt(d)
+
+    def q_along_u(q):
+        q.copy_((u * d ** 0.5 + 0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(5))).to(q.dtype))
+
+    _fp8_attention_case([(300, 1000), (64, 700)], 4, 2, {}, per_page=per_page, q_edit=q_along_u,
+                        cache_edit=lambda kc, table, seqs_k, scales: _rising_keys(kc, table, seqs_k, scales, u))

@@ -77,8 +77,9 @@ def _prefill_entries(mod, arch: str) -> list[Entry]:
             log.warning("registry: %s has no HEAD_DIM/DTYPE define; skipped", v.name)
             continue
         tile = tuple((k, val) for k, val in sorted(d.items()) if k not in ("HEAD_DIM", "DTYPE", "SOFTCAP", "KV_FP8"))
-        if d.get("KV_FP8"):  # the FP8-compute body: an arch without it compiles an empty kernel
-            if not mod.fp8_compute_available(hd, arch):
+        if d.get("KV_FP8"):  # FP8 compute: listed for the archs whose body it is (Hopper or portable)
+            if not mod.fp8_compute_available(hd, arch) or \
+                    v != mod._variant(hd, code, bool(sc), mod.config_for(hd, 0, arch, fp8=True), d["KV_FP8"]):
                 continue
             scale, pages, role = _PREFILL_FP8[d["KV_FP8"]]
             feats = {"sinks", "window", "sink_tokens", "lse"} | ({"softcap"} if sc else set())

@@ -38,8 +38,9 @@ KINDS = ("tuning", "cost")
 _ROOT = Path(__file__).resolve().parents[2]
 # What the cost table's timings depend on (paths from the repository / site-packages root).
 COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/varlen_prefill_hopper.hip",
-                  "hip_kernels/src/prefill_tiles.h", "hip_kernels/tma.py", "hip_kernels/src/gather.hip", "hip_kernels/prefill.py",
-                  "hip_kernels/gather.py", "hip_kernels/include/atom_mma.h", "hip_kernels/include/atom_device.h",
+                  "hip_kernels/src/prefill_tiles.h", "hip_kernels/src/fp8_pack.h", "hip_kernels/tma.py",
+                  "hip_kernels/src/gather.hip", "hip_kernels/prefill.py", "hip_kernels/gather.py",
+                  "hip_kernels/include/atom_mma.h", "hip_kernels/include/atom_device.h",
                   "atom_backend/unified/_kernels.py", "atom_backend/unified/api.py")
 
 

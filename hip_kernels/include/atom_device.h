@@ -376,6 +376,9 @@ ATOM_DEV u32 pack2(f16_t, float a, float b) { return pack_f16x2(a, b); }
 // FP8 e4m3: the platform's native flavour (e4m3fn on NVIDIA / gfx950, e4m3fnuz on gfx942).
 // The host checks that the tensor's dtype is that flavour (runtime.native_fp8_dtype).
 // ---------------------------------------------------------------------------------------------
+// The flavour's largest finite value. The AMD conversion instructions do not saturate: values
+// past it must be clamped before they are converted.
+constexpr float kFp8Max = ATOM_FP8_FNUZ ? 240.f : 448.f;
 // Software decode, exact for both flavours; used where there is no conversion instruction.
 ATOM_DEV float fp8_e4m3_to_f32_sw(u32 b, bool fnuz) {
   u32 sign = (b & 0x80u) << 24;

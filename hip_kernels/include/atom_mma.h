@@ -13,6 +13,10 @@
 // load_rows / load_cols (tile origin in, fragments out), results are read through get_i / get_j.
 // The accumulator layout equals the operand layout (after packing pairs), so an fp32 result can
 // become the left operand of the next product in registers: to_operand(c) (attention's P = S).
+// e4m3 (ATOM_MMA_FP8): a 16 x 32 block of bytes (rows x K) sits in a lane's registers exactly as a
+// 16 x 16 block of 16-bit elements does, on both back ends, so op_t carries it too and load_rows
+// reads it (the bytes seen as 16-bit pairs); mma_fp8 multiplies over 32 K-bytes, to_operand_fp8
+// makes two fp32 tiles (32 keys of P) one e4m3 operand.
 //
 // Back ends:
 //   ATOM_MMA_SYNC (NVIDIA sm_80+)  mma.sync m16n8k16 (two per 16x16 tile), ldmatrix(.trans),
@@ -20,6 +24,8 @@
 //   ATOM_MFMA (gfx942 / gfx950)    v_mfma_f32_16x16x16{bf16_1k,f16} on 64-lane waves, operands
 //                                  swapped so that C comes out in the operand layout; operands
 //                                  read from LDS with plain loads; copies are synchronous.
+//   ATOM_MMA_FP8                   e4m3 x e4m3 -> fp32: mma.sync m16n8k32 (NVIDIA sm_89+), MFMA
+//                                  16x16x32 fp8 (gfx942: e4m3 FNUZ; gfx950: OCP e4m3).
 #pragma once
 
 #include "atom_device.h"
@@ -35,6 +41,12 @@
 #define ATOM_MFMA 0
 #endif
 #define ATOM_MMA_AVAILABLE (ATOM_MMA_SYNC || ATOM_MFMA)
+// e4m3 MMAs: mma.sync e4m3 from sm_89, MFMA fp8 on every ATOM_MFMA target.
+#if (ATOM_MMA_SYNC && __CUDA_ARCH__ >= 890) || ATOM_MFMA
+#define ATOM_MMA_FP8 1
+#else
+#define ATOM_MMA_FP8 0
+#endif
 // Warpgroup MMAs (wgmma.mma_async, Hopper): only in arch-specific sm_90a code (NVRTC / nvcc
 // define __CUDA_ARCH_FEAT_SM90_ALL there); a plain sm_90 or any other target has none.
 #if ATOM_NVIDIA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -139,10 +151,14 @@ struct tile<16, 16, float> {
 };
 // x[0]: rows 0-7 x cols 0-7, x[1]: rows 8-15 x cols 0-7, x[2]: rows 0-7 x cols 8-15,
 // x[3]: rows 8-15 x cols 8-15; each an 8x8 fragment holding (lane/4, 2*(lane%4) + {0,1}).
+// As e4m3 (16 rows x 32 K-bytes, the A and B fragments of mma.sync m16n8k32): word w holds
+// K-bytes k8(w) .. k8(w) + 3 of row acc_t::slot_row(slot8(w)).
 template <>
 struct tile<16, 16, u32> {
   static constexpr int ne = 4;
   u32 x[ne];
+  static ATOM_DEV int slot8(int w) { return w & 1; }
+  static ATOM_DEV int k8(int w) { return 16 * (w >> 1) + 4 * (int)(lane_id() & 3); }
 };
 #else
 template <>
@@ -164,11 +180,15 @@ struct tile<16, 16, float> {
     return v + shfl_xor(v, 32);
   }
 };
-// (row lane%16, cols 4*(lane/16) + {0,1} in x[0], + {2,3} in x[1])
+// (row lane%16, cols 4*(lane/16) + {0,1} in x[0], + {2,3} in x[1]). As e4m3 (16 rows x 32
+// K-bytes, the operands of MFMA 16x16x32 fp8): row lane%16, K-bytes 8*(lane/16) + {0..3} in x[0],
+// + {4..7} in x[1] (slot8 / k8 as in the NVIDIA layout).
 template <>
 struct tile<16, 16, u32> {
   static constexpr int ne = 2;
   u32 x[ne];
+  static ATOM_DEV int slot8(int) { return 0; }
+  static ATOM_DEV int k8(int w) { return 8 * (int)(lane_id() >> 4) + 4 * w; }
 };
 #endif
 
@@ -189,12 +209,16 @@ ATOM_DEV void to_operand(op_t& a, const acc_t& c) {
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory blocks: rows of ROW 16-bit elements, 16-byte chunks XOR-swizzled by (row & 7), so
-// the 8-row accesses of ldmatrix (and of the MFMA loads) hit 8 different bank groups.
+// the 8-row accesses of ldmatrix (and of the MFMA loads) hit 8 different bank groups; rows of 32
+// elements (64 bytes: two share a 128-byte bank line) by ((row >> 1) & 3). An e4m3 block is a
+// 16-bit block of half as many columns: its 16 x 32 operands load as 16 x 16 ones (load_rows).
 // ---------------------------------------------------------------------------------------------
 template <int ROW>
 struct swizzled {
-  static_assert(ROW % 64 == 0, "rows of at least 8 chunks of 16 bytes");
-  static ATOM_DEV int off(int row, int col) { return row * ROW + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7); }
+  static_assert(ROW % 64 == 0 || ROW == 32, "rows of 4 or of at least 8 chunks of 16 bytes");
+  static ATOM_DEV int off(int row, int col) {
+    return row * ROW + ((((col >> 3) ^ (ROW == 32 ? (row >> 1) & 3 : row & 7))) << 3) + (col & 7);
+  }
   // For R % 8 == 0, C % 16 == 0 and col_in_tile < 16: off(R + r, C + c) == R * ROW + (off(r, c) ^ C).
   // The loaders compute off(r, c) of the lane once; each tile then costs one XOR, not a live
   // register per (R, C).
@@ -301,6 +325,60 @@ ATOM_DEV void mma(acc_t& c, const op_t& a, const op_t& b) {
 #else
   (void)c; (void)a; (void)b;
   __builtin_trap();
+#endif
+}
+
+// c += a * b^T over 32 K-bytes of e4m3 (the platform's flavour): a 16 x 32 (M x K), b 16 x 32
+// (N x K), both as op_t (load_rows of the bytes as 16-bit pairs, to_operand_fp8).
+ATOM_DEV void mma_fp8(acc_t& c, const op_t& a, const op_t& b) {
+#if ATOM_MMA_FP8 && ATOM_MMA_SYNC
+  // The e4m3 B fragment of columns 0-7 is b's rows 0-7 (x[0], x[2]), as in mma<DT>.
+  ATOM_MMA_ASM("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3])
+               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[2]));
+  ATOM_MMA_ASM("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c.x[4]), "+f"(c.x[5]), "+f"(c.x[6]), "+f"(c.x[7])
+               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[1]), "r"(b.x[3]));
+#elif ATOM_MMA_FP8 && ATOM_MFMA
+  // Operands swapped as in mma<DT> (b * a^T): C's rows on the lanes.
+  f32x4_t acc = {c.x[0], c.x[1], c.x[2], c.x[3]};
+  const u32x2 ua{a.x[0], a.x[1]}, ub{b.x[0], b.x[1]};
+  acc = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(__builtin_bit_cast(long, ub), __builtin_bit_cast(long, ua), acc, 0, 0, 0);
+  c.x[0] = acc[0];
+  c.x[1] = acc[1];
+  c.x[2] = acc[2];
+  c.x[3] = acc[3];
+#else
+  (void)c; (void)a; (void)b;
+  __builtin_trap();
+#endif
+}
+
+// Two fp32 accumulator tiles (keys 0-15 and 16-31 of a 32-key step: P) -> the e4m3 left operand
+// of O += P V, with no data moving between lanes: a lane's own accumulators become its K-bytes,
+// so K-byte p holds the key fp8_p_key(p), and V^T must hold that key's values at position p
+// (hip_kernels/gather.py writes that order per arch: FP8_KEY_ORDERS).
+//   NVIDIA (mma.sync m16n8k32, and wgmma k32's register A: the same fragment): keys 2q, 2q+1,
+//   8+2q, 9+2q of each tile (q = lane % 4) become K-bytes 4q..4q+3 (+16 for the second tile).
+//   MFMA 16x16x32: keys 4q..4q+3 of each tile (q = lane / 16) become K-bytes 8q..8q+3 and
+//   8q+4..8q+7.
+ATOM_DEV void to_operand_fp8(op_t& a, const acc_t& lo, const acc_t& hi) {
+#if ATOM_MFMA
+  a.x[0] = f32x4_to_fp8x4(lo.x[0], lo.x[1], lo.x[2], lo.x[3]);
+  a.x[1] = f32x4_to_fp8x4(hi.x[0], hi.x[1], hi.x[2], hi.x[3]);
+#else
+  a.x[0] = f32x4_to_fp8x4(lo.x[0], lo.x[1], lo.x[4], lo.x[5]);
+  a.x[1] = f32x4_to_fp8x4(lo.x[2], lo.x[3], lo.x[6], lo.x[7]);
+  a.x[2] = f32x4_to_fp8x4(hi.x[0], hi.x[1], hi.x[4], hi.x[5]);
+  a.x[3] = f32x4_to_fp8x4(hi.x[2], hi.x[3], hi.x[6], hi.x[7]);
+#endif
+}
+// The key (0..31) of a 32-key step whose P to_operand_fp8 puts at K-byte p.
+ATOM_DEV int fp8_p_key(int p) {
+#if ATOM_MFMA
+  return 4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1);
+#else
+  return 16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1);
 #endif
 }
 
@@ -520,17 +598,9 @@ template <> struct op<128, f16_t> {
                  : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(1));
   }
 };
-// Two fp32 accumulator tiles (keys 0-15 and 16-31 of a 32-key step) -> the e4m3 A fragment of a
-// k32 wgmma, with no data moving between lanes: a lane's keys 2q, 2q+1, 8+2q, 9+2q of each tile
-// (q = lane % 4) become the fragment's K-bytes 4q..4q+3. The B operand (V^T) must then hold key
-// 16 * (p / 16) + sigma(p % 16) at K-byte p, sigma(4q + i) = 2q + (i & 1) + 8 * (i >> 1)
-// (hip_kernels/gather.py, FP8_KEY_ORDER).
-ATOM_DEV void to_operand_fp8(op_t& a, const acc_t& lo, const acc_t& hi) {
-  a.x[0] = f32x4_to_fp8x4(lo.x[0], lo.x[1], lo.x[4], lo.x[5]);
-  a.x[1] = f32x4_to_fp8x4(lo.x[2], lo.x[3], lo.x[6], lo.x[7]);
-  a.x[2] = f32x4_to_fp8x4(hi.x[0], hi.x[1], hi.x[4], hi.x[5]);
-  a.x[3] = f32x4_to_fp8x4(hi.x[2], hi.x[3], hi.x[6], hi.x[7]);
-}
+// P -> the e4m3 A fragment of a k32 wgmma: a warp's part of it is mma.sync m16n8k32's A fragment,
+// so the portable to_operand_fp8 (and its V^T key order) serves.
+using mma::to_operand_fp8;
 
 // op8<N>::ss(d, da, db, scale_d): d[N/16] (+)= A(desc) * B(desc)^T over 32 e4m3 K-elements, both
 // operands K-major (FP8 wgmma has no transposed form: V goes in as V^T). op8<N>::rs(d, a, db): the

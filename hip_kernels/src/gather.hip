@@ -16,6 +16,7 @@
 // of K and V (16-byte stores) with several loads in flight per thread before any store. Grid size comes
 // from the host-known total_kv: no device-to-host sync anywhere.
 #include "atom_device.h"
+#include "fp8_pack.h"
 
 #ifndef GATHER_LAYOUT
 #define GATHER_LAYOUT 0
@@ -155,21 +156,11 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 }
 
 // ---------------------------------------------------------------------------------------------
-// FP8 compute layout (hip_kernels.gather.gather_kv_fp8, read by varlen_prefill_hopper.hip with
-// KV_FP8): e4m3 bytes copied as they are, every request starting at a multiple of 128 rows
-// (cu_kp), rows past a request's keys zero:
-//   k8   [total_pad, H, D]     the keys
-//   vt8  [H, D, total_pad]     V transposed (FP8 wgmma reads B K-major), the keys of every 16
-//                              stored in the order sigma (atom_mma.h, to_operand_fp8)
-//   GATHER_SCALE 2 (per page): kvs [H][total_pad / 128][2][128] fp32, each 128-key block's K
-//   scales and its V scales divided by the block's largest (v_max [H][total_pad / 128]), both in
-//   the lane order of the prefill's softmax (key 16 nt + 8 h + 2 q + b at 32 q + 4 nt + 2 h + b).
+// FP8 compute layout (hip_kernels.gather.gather_kv_fp8, src/fp8_pack.h), read by the FP8 prefill
+// bodies: the e4m3 bytes as they are, V transposed in the key order of this target's P operand.
 // One block of 256 threads per 128 rows: the rows of one request (or padding).
 // ---------------------------------------------------------------------------------------------
-#define FP8_ROWS 128
-
-ATOM_DEV int fp8_key_sigma(int p) { return 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1); }
-ATOM_DEV int fp8_lane_order(int j) { return 32 * ((j >> 1) & 3) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1); }
+#define FP8_ROWS kFp8Align
 
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8(
     u8* __restrict__ k8, u8* __restrict__ vt8, float* __restrict__ kvs, float* __restrict__ v_max,
@@ -241,7 +232,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       const int dq = it % ((int)head_dim / 4), g = it / ((int)head_dim / 4);
       u32 w[16];
 #pragma unroll
-      for (int p = 0; p < 16; ++p) w[p] = s_v[(16 * g + fp8_key_sigma(p)) * wpr + dq];
+      for (int p = 0; p < 16; ++p) w[p] = s_v[fp8_vt_key(16 * g + p) * wpr + dq];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         u32 o[4];
@@ -277,8 +268,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     m = m > 0.f ? m : 1.f;
     if (h < num_heads) {
       float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-      dst[fp8_lane_order(r)] = ks;
-      dst[FP8_ROWS + fp8_lane_order(r)] = vs / m;
+      dst[fp8_scale_pos(r)] = ks;
+      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / m;
       if (r == 0) v_max[h * blocks + blk] = m;
     }
     sync_block();

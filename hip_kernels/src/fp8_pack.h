@@ -1,0 +1,28 @@
+// The FP8 pack: hip_kernels.gather.gather_kv_fp8 writes it (src/gather.hip), the FP8 prefill
+// bodies read it (varlen_prefill.hip with KV_FP8, varlen_prefill_hopper.hip). e4m3 bytes as the
+// cache holds them, every request starting at a multiple of kFp8Align rows (cu_kp), rows past a
+// request's keys zero (a NaN byte there would leak through P = 0):
+//   k8   [total_pad, H, D]   the keys
+//   vt8  [H, D, total_pad]   V transposed (the e4m3 MMAs take their B operand K-major), each
+//                            position p of a block holding key fp8_vt_key(p): the order in which
+//                            the target's P operand holds its keys (atom_mma.h to_operand_fp8)
+//   per page: kvs [H][total_pad / 128][2][128] fp32, each 128-key block's K scales and its V
+//   scales divided by the block's largest (v_max [H][total_pad / 128]), key j of a block at
+//   fp8_scale_pos(j) (the Hopper kernel's lane order; the portable body indexes it).
+#pragma once
+
+#include "atom_mma.h"
+
+namespace atom {
+
+constexpr int kFp8Align = 128;
+
+// The key (0..127) of a kFp8Align block that V^T holds at position p.
+ATOM_DEV int fp8_vt_key(int p) { return 32 * (p >> 5) + mma::fp8_p_key(p & 31); }
+
+// Where key j (0..127) of a block has its scales: lane quad q of a Hopper consumer reads keys
+// 16 nt + {2q, 2q+1, 8+2q, 9+2q} as one float4 at 32 q + 4 nt; key 16 n (a 16-key group's
+// scale, KV_FP8 = 3) sits at 4 n.
+ATOM_DEV int fp8_scale_pos(int j) { return 32 * ((j >> 1) & 3) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1); }
+
+}  // namespace atom
