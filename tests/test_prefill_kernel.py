@@ -147,6 +147,20 @@ def test_long_prefix_and_fresh_inputs(path, monkeypatch):
     _run_case([(256, 4096), (1000, 1000)], 8, 1, 128, {}, torch.bfloat16, use_work=False, seed=7)
 
 
+def _check_bf16(q, k, v, seqs):
+    """The kernel on bf16 q, k, v of these (sq, sk) requests against the reference (out, lse poisoned)."""
+    cu_q = torch.tensor([0] + [a for a, _ in seqs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu_k = torch.tensor([0] + [b for _, b in seqs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
+    out = torch.full_like(q, float("nan"), device="cuda")
+    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device="cuda")
+    prefill.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max_seqlen_q=max(a for a, _ in seqs),
+                             max_seqlen_k=max(b for _, b in seqs), out=out, lse_out=lse)
+    torch.cuda.synchronize()
+    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
+    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, "lse")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["wgmma", "portable"])
 def test_row_max_that_keeps_growing(path, monkeypatch):
@@ -163,16 +177,7 @@ def test_row_max_that_keeps_growing(path, monkeypatch):
     q = (u * d ** 0.5 + 0.1 * torch.randn(tq, hq, d, generator=g)).to(torch.bfloat16)
     k = (coef[:, None, None] * u + 0.1 * torch.randn(tk, hk, d, generator=g)).to(torch.bfloat16)
     v = torch.randn(tk, hk, d, generator=g).to(torch.bfloat16)
-    cu_q = torch.tensor([0, 300, 364], dtype=torch.int32)
-    cu_k = torch.tensor([0, 1000, 1064], dtype=torch.int32)
-    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
-    out = torch.full_like(q, float("nan"), device="cuda")
-    lse = torch.full((tq, hq), float("nan"), dtype=torch.float32, device="cuda")
-    prefill.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max_seqlen_q=300,
-                             max_seqlen_k=1000, out=out, lse_out=lse)
-    torch.cuda.synchronize()
-    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
-    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, "lse")
+    _check_bf16(q, k, v, seqs)
 
 
 @pytest.mark.gpu
@@ -194,16 +199,7 @@ def test_row_max_jumps_in_some_rows(path, d, hq, hk, monkeypatch):
     k[[450, 820, 1000]] = 30.0 * u
     q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
     v = torch.randn(tk, hk, d, generator=g).to(torch.bfloat16)
-    cu_q = torch.tensor([0, 200, 330], dtype=torch.int32)
-    cu_k = torch.tensor([0, 900, 1030], dtype=torch.int32)
-    o_ref, lse_ref = ref.varlen_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
-    out = torch.full_like(q, float("nan"), device="cuda")
-    lse = torch.full((tq, hq), float("nan"), dtype=torch.float32, device="cuda")
-    prefill.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max_seqlen_q=200,
-                             max_seqlen_k=900, out=out, lse_out=lse)
-    torch.cuda.synchronize()
-    assert_close(out.float().cpu(), o_ref, torch.bfloat16, "out")
-    assert_lse_close(lse.cpu(), lse_ref, torch.bfloat16, "lse")
+    _check_bf16(q, k, v, seqs)
 
 
 @pytest.mark.gpu
