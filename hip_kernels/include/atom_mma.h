@@ -301,6 +301,12 @@ template <> struct mma_ptx<f16_t> {
 typedef float f32x4_t __attribute__((ext_vector_type(4)));
 typedef short i16x4_t __attribute__((ext_vector_type(4)));
 typedef _Float16 f16x4_t __attribute__((ext_vector_type(4)));
+// An accumulator tile as the MFMA's 4-float operand, and the result back into it.
+ATOM_DEV f32x4_t mfma_in(const acc_t& c) { return f32x4_t{c.x[0], c.x[1], c.x[2], c.x[3]}; }
+ATOM_DEV void mfma_out(acc_t& c, const f32x4_t& d) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c.x[e] = d[e];
+}
 #endif
 
 template <class DT>
@@ -311,17 +317,12 @@ ATOM_DEV void mma(acc_t& c, const op_t& a, const op_t& b) {
 #elif ATOM_MFMA
   // MFMA returns D with lane = column: computing b * a^T = (a * b^T)^T puts C's rows on the
   // lanes, the operand layout, so P = S needs no data movement.
-  f32x4_t acc = {c.x[0], c.x[1], c.x[2], c.x[3]};
   u32x2 ua{a.x[0], a.x[1]}, ub{b.x[0], b.x[1]};
   if constexpr (sizeof(DT) && __is_same(DT, bf16_t)) {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(i16x4_t, ub), __builtin_bit_cast(i16x4_t, ua), acc, 0, 0, 0);
+    mfma_out(c, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(i16x4_t, ub), __builtin_bit_cast(i16x4_t, ua), mfma_in(c), 0, 0, 0));
   } else {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(f16x4_t, ub), __builtin_bit_cast(f16x4_t, ua), acc, 0, 0, 0);
+    mfma_out(c, __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(f16x4_t, ub), __builtin_bit_cast(f16x4_t, ua), mfma_in(c), 0, 0, 0));
   }
-  c.x[0] = acc[0];
-  c.x[1] = acc[1];
-  c.x[2] = acc[2];
-  c.x[3] = acc[3];
 #else
   (void)c; (void)a; (void)b;
   __builtin_trap();
@@ -341,13 +342,8 @@ ATOM_DEV void mma_fp8(acc_t& c, const op_t& a, const op_t& b) {
                : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[1]), "r"(b.x[3]));
 #elif ATOM_MMA_FP8 && ATOM_MFMA
   // Operands swapped as in mma<DT> (b * a^T): C's rows on the lanes.
-  f32x4_t acc = {c.x[0], c.x[1], c.x[2], c.x[3]};
   const u32x2 ua{a.x[0], a.x[1]}, ub{b.x[0], b.x[1]};
-  acc = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(__builtin_bit_cast(long, ub), __builtin_bit_cast(long, ua), acc, 0, 0, 0);
-  c.x[0] = acc[0];
-  c.x[1] = acc[1];
-  c.x[2] = acc[2];
-  c.x[3] = acc[3];
+  mfma_out(c, __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(__builtin_bit_cast(long, ub), __builtin_bit_cast(long, ua), mfma_in(c), 0, 0, 0));
 #else
   (void)c; (void)a; (void)b;
   __builtin_trap();
