@@ -13,8 +13,8 @@
 //                        V have rings of STAGES tiles, Q one of Q_STAGES: the next unit's Q loads
 //                        while this one computes (a unit of a small window sees few tiles).
 //   intra-warpgroup      round i issues S(i) = Q K(i)^T and O += P(i-1) V(i-1), waits for S(i)
-//   overlap              only, and runs the softmax of tile i while the tensor cores do P V; with
-//                        two consumers P(i) goes into the other of two operand buffers meanwhile.
+//   overlap              only, and runs the softmax of tile i while the tensor cores do P V; FP8
+//                        with two consumers puts P(i) into the other of two operand buffers then.
 //   lazy rescaling       a row's reference max moves only when the tile's max passes it by more
 //                        than 2^8: most tiles leave O alone, and a warp whose lanes all stay under
 //                        it (one vote) skips the shuffles of the rows' maxes.
@@ -138,10 +138,10 @@ constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
 constexpr float kLazyLog2 = 8.f;
-// Two P operand buffers: 16 (e4m3) or 32 (16-bit) more registers, which two consumer warpgroups
-// have (a few words spill, cheaper than converting P after the P V's end: 1.02-1.10x on H100);
-// three (160 registers) or CTAs of one do not.
-constexpr bool kTwoP = NWG == 2;  // how far a row's max may pass its reference before O is rescaled
+// Two P operand buffers (FP8: 16 more registers), which two consumer warpgroups have (per page a
+// few words spill outside the loop; 1.04-1.10x on H100). The 16-bit P's 32 more spill 64-348
+// bytes (d128), and three consumer warpgroups (160 registers) or CTAs of one have no room.
+constexpr bool kTwoP = NWG == 2 && kFp8;  // how far a row's max may pass its reference before O is rescaled
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
