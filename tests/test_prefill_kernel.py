@@ -147,6 +147,13 @@ def test_long_prefix_and_fresh_inputs(path, monkeypatch):
     _run_case([(256, 4096), (1000, 1000)], 8, 1, 128, {}, torch.bfloat16, use_work=False, seed=7)
 
 
+def _direction_case(seqs, d, seed):
+    """A generator, a unit direction u of the head dim, and the batch's query / key token counts."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    return g, u, sum(a for a, _ in seqs), sum(b for _, b in seqs)
+
+
 def _check_bf16(q, k, v, seqs):
     """The kernel on bf16 q, k, v of these (sq, sk) requests against the reference (out, lse poisoned)."""
     cu_q = torch.tensor([0] + [a for a, _ in seqs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -169,9 +176,7 @@ def test_row_max_that_keeps_growing(path, monkeypatch):
     is more than 2^8 in P past it, so P > 1 between moves, and the big step must rescale O."""
     _force_path(path, monkeypatch)
     seqs, hq, hk, d = [(300, 1000), (64, 64)], 4, 2, 128
-    g = torch.Generator().manual_seed(3)
-    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
-    tq, tk = sum(a for a, _ in seqs), sum(b for _, b in seqs)
+    g, u, tq, tk = _direction_case(seqs, d, seed=3)
     j = torch.cat([torch.arange(b, dtype=torch.float32) for _, b in seqs])
     coef = 0.02 * j + 20.0 * (j >= 600)
     q = (u * d ** 0.5 + 0.1 * torch.randn(tq, hq, d, generator=g)).to(torch.bfloat16)
@@ -190,9 +195,7 @@ def test_row_max_jumps_in_some_rows(path, d, hq, hk, monkeypatch):
     must move it and their neighbours' must not."""
     _force_path(path, monkeypatch)
     seqs = [(200, 900), (130, 130)]
-    g = torch.Generator().manual_seed(5)
-    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
-    tq, tk = sum(a for a, _ in seqs), sum(b for _, b in seqs)
+    g, u, tq, tk = _direction_case(seqs, d, seed=5)
     q = torch.randn(tq, hq, d, generator=g)
     q[0::3] = q[0::3] * 0.1 + u * d ** 0.5
     k = torch.randn(tk, hk, d, generator=g)
