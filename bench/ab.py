@@ -1,6 +1,7 @@
 """The Hopper prefill kernel of the working tree against the one of a git revision, in one process.
 
     python -m bench.ab --base REV_OR_FILE [--rounds 6] [--only d128] [--define UNIT_SLOTS=1] [--fp8]
+                       [--fp8-config num_warps=12,block_n=64,stages=4,q_stages=1]
 
 The base kernel (`varlen_prefill_hopper.hip` at git revision REV, or the source file FILE) is
 written next to the working tree's, so both build with the working tree's headers and launcher,
@@ -8,7 +9,7 @@ and removed at exit; its kernel must take the same parameters (checked). The dev
 of the repository may carry an older .git than this one: there, pass a file (`git show
 REV:hip_kernels/src/varlen_prefill_hopper.hip > ab_base.hip` here; untracked files travel).
 Three variants time the bench.prefill shapes: `base`, `base'` (the same source again: the
-harness's own noise) and `work` (the working tree, with --define).
+harness's own noise) and `work` (the working tree, with --define, and the FP8 tile of --fp8-config).
 Every round times each shape with the variants in a rotated order: the variant timed first after
 a pause gets the best clocks (an identical copy timed second read 0.96-1.01 of the first; docs/perf/
 prefill.md, stop 32), so a fixed order would favour it. Reported: the median TFLOP/s over rounds
@@ -67,6 +68,17 @@ def _defines(items: list) -> tuple:
     return tuple(out)
 
 
+def _config_fields(text: str | None) -> dict:
+    """'num_warps=12,block_n=64' -> {'num_warps': 12, 'block_n': 64} (prefill.Config fields)."""
+    out = {}
+    for it in (text.split(",") if text else []):
+        name, _, value = it.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--fp8-config {it!r}: FIELD=INT expected")
+        out[name.strip()] = int(value)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="git revision or source file of the base kernel (default HEAD)")
@@ -74,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the work variant")
     ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes")
+    ap.add_argument("--fp8-config", default=None, help="FIELD=INT,... of the work variant's FP8 tile (prefill.Config)")
     args = ap.parse_args(argv)
 
     import torch
@@ -91,6 +104,7 @@ def main(argv=None):
         raise SystemExit(f"the base kernel ({args.base}) takes other parameters than the working tree's")
     variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()),
                 "work": (KERNEL, _defines(args.define))}
+    work_fp8 = _config_fields(args.fp8_config)
     for n in ("base", "base'"):
         (SRC_DIR / variants[n][0]).write_text(base)
 
@@ -98,13 +112,15 @@ def main(argv=None):
         src, extra = variants[name]
         prefill.HOPPER_SOURCE = src
         for t, d in zip(tables, declared):
+            fields = work_fp8 if name == "work" and t is prefill.FP8_CONFIGS else {}
             for hd, cfg in d.items():
-                t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra)
+                t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra, **fields)
         prefill._variant.cache_clear()
 
     try:
         torch.manual_seed(0)
-        print(f"device: {device_name()}  base {args.base}  work defines {dict(_defines(args.define))}", flush=True)
+        print(f"device: {device_name()}  base {args.base}  work defines {dict(_defines(args.define))}  "
+              f"work FP8 tile {work_fp8 or 'as declared'}", flush=True)
         runs = []  # (label, make_fn(), pairs, d, hq)
         for label, seqs, hq, hk, d, kw in bp.SHAPES:
             if args.only and args.only not in label:

@@ -144,22 +144,15 @@ def _mma_arch(arch: str) -> bool:
     return is_mfma_arch(arch)
 
 
-def _max_dynamic_smem(arch: str) -> int:
-    """Shared memory one CTA may use on `arch` (opt-in maximum)."""
-    if arch.startswith("gfx"):
-        return 160 * 1024 if arch.startswith("gfx950") else 64 * 1024
-    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
-    sm = int(digits) if digits else 0
-    return {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024}.get(sm, 99 * 1024)
-
-
 @functools.lru_cache(maxsize=None)
 def choose_impl(arch: str, head_dim: int, kv_code: int) -> str:
     """"mma" (tensor cores) or "fma" (CUDA-core kernel), from the H100 measurements in
     docs/perf/decode.md; "fma" where the mma variant's shared memory does not fit (gfx942 has
     64 KiB per workgroup: d=128 with 16-bit KV needs 68 KiB)."""
+    from hip_kernels.runtime import max_dynamic_smem
+
     if head_dim in MMA_HEAD_DIMS and _mma_arch(arch) and \
-            _mma_smem_bytes(_mma_variant(head_dim, 0, kv_code)) <= _max_dynamic_smem(arch):
+            _mma_smem_bytes(_mma_variant(head_dim, 0, kv_code)) <= max_dynamic_smem(arch):
         return "mma"
     return "fma"
 

@@ -18,7 +18,8 @@ grid y); the Hopper kernel is persistent (one CTA per SM claims units from per-s
 and packs the query heads of one KV head into its row tiles (gqa_pack).
 
 Variants (compile time): dtype (bf16, fp16) x head dim (64, 128, 256) x soft-cap (on/off), plus a
-shorter row tile for d = 64/128 under small sliding windows, plus the Hopper kernel for
+shorter row tile for d = 64/128 under small sliding windows, plus 64-row tiles for d = 128/256 where
+the shared memory (LDS) is short (gfx942's 64 KB: SMALL_SMEM_CONFIGS), plus the Hopper kernel for
 d = 64/128 (WGMMA_CONFIGS, WGMMA_WINDOW_CONFIGS for small windows; picked on sm_90a; config_for).
 FP8 compute (k = gather.PackedFp8, docs/fp8.md) x 3 scale modes: the Hopper kernel for d = 128 on
 sm_90a (FP8_CONFIGS), the portable body for d = 64/128 on gfx942 / gfx950 (PORTABLE_FP8_CONFIGS,
@@ -69,7 +70,9 @@ class Config:
         if self.wgmma:  # 16-bit Q ring and O staging, K and V rings (+ key scales; FP8: the e4m3 Q tile and
             # its row scales); 1024 bytes of slack for the swizzle, mbarriers
             eb = 1 if kv_fp8 else 2
-            scales = 4 * self.stages * 2 * self.block_n if kv_fp8 >= 2 else 0
+            from hip_kernels.gather import FP8_ALIGN
+
+            scales = 4 * self.stages * 2 * FP8_ALIGN if kv_fp8 >= 2 else 0  # a block of the pack per stage
             q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + 1024 + 512
@@ -94,6 +97,11 @@ CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).
 SMALL_WINDOW = 1024
 WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
+# Where a tile above needs more shared memory than the arch gives a CTA (runtime.max_dynamic_smem):
+# gfx942 has 64 KB of LDS per workgroup, the d = 128 tiles need 112-128 KB, d = 256 128 KB. These
+# take 48 and 64 KB (64 rows, shorter key tiles); config_for picks them there. Not tuned (no AMD
+# device here): the shapes that fit and compile without spills on gfx942.
+SMALL_SMEM_CONFIGS = {128: Config(4, 32, 2), 256: Config(4, 16, 2)}
 # Hopper (sm_90a): the warp-specialized TMA kernel, two consumer warpgroups x 64 rows
 # (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without knowing the
 # device stays valid. Small windows keep WINDOW_CONFIGS.
@@ -134,7 +142,18 @@ def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
 
 def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: bool = False) -> Config:
     """The tile shape a launch with this head dim and window uses on `arch` (None: portable);
-    fp8: the FP8-compute kernel's (fp8_compute_available)."""
+    fp8: the FP8-compute kernel's (fp8_compute_available). A tile that needs more shared memory
+    than `arch` gives a CTA is replaced by SMALL_SMEM_CONFIGS'."""
+    cfg = _declared_config(head_dim, window, arch, fp8)
+    if arch is not None and not cfg.wgmma and head_dim in SMALL_SMEM_CONFIGS:
+        from hip_kernels.runtime import max_dynamic_smem
+
+        if cfg.smem_bytes(head_dim, int(fp8)) > max_dynamic_smem(arch):
+            return SMALL_SMEM_CONFIGS[head_dim]
+    return cfg
+
+
+def _declared_config(head_dim: int, window: int, arch: str | None, fp8: bool) -> Config:
     if fp8:
         if not fp8_compute_available(head_dim, arch):
             raise ValueError(f"no FP8-compute prefill kernel for head_dim {head_dim} on {arch}")
@@ -205,8 +224,8 @@ def _num_sms(device) -> int:
 
 def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
-    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(WGMMA_CONFIGS.items()) \
-        + list(WGMMA_WINDOW_CONFIGS.items())
+    cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(SMALL_SMEM_CONFIGS.items()) \
+        + list(WGMMA_CONFIGS.items()) + list(WGMMA_WINDOW_CONFIGS.items())
     fp8 = [_variant(d, code, sc, cfg, mode) for d, cfg in [*FP8_CONFIGS.items(), *PORTABLE_FP8_CONFIGS.items()]
            for code in (0, 1) for sc in (False, True) for mode in KV_FP8_MODES.values()]
     return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)] + fp8
@@ -415,9 +434,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         pack = gqa_pack(cfg, hq // hk)
         tm_q = tma.packed_rows_map(q, cfg.block_m // pack, pack)  # FP8: the kernel quantizes Q per (token, head)
         if fp8 is not None:
-            tm_v = tma.transposed_map(fp8.vt)
-            per_page = fp8.scale != "per_tensor"
-            tm_s = tma.rows_map(fp8.key_scales.view(hk, -1), 2 * cfg.block_n) if per_page else tm_v
+            tm_v = tma.transposed_map(fp8.vt, cfg.block_n)
+            per_page = fp8.scale != "per_tensor"  # a K tile's stage takes its 128-key block's scales
+            tm_s = tma.rows_map(fp8.key_scales.view(hk, -1), fp8.key_scales[0, 0].numel()) if per_page else tm_v
             fp8_args = (fp8.kv_scale, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
         else:
             tm_v = tma.packed_rows_map(v, cfg.block_n)

@@ -166,6 +166,15 @@ def is_mfma_arch(arch: str) -> bool:
     return arch.startswith(("gfx940", "gfx941", "gfx942", "gfx950"))
 
 
+def max_dynamic_smem(arch: str) -> int:
+    """Shared memory (LDS) one CTA / workgroup may use on `arch` (the opt-in maximum)."""
+    if arch.startswith("gfx"):
+        return 160 * 1024 if arch.startswith("gfx950") else 64 * 1024
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    sm = int(digits) if digits else 0
+    return {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024}.get(sm, 99 * 1024)
+
+
 def native_fp8_dtype(arch: str):
     """The e4m3 flavour the hardware converts natively (DESIGN.md "FP8 KV cache")."""
     import torch

@@ -36,15 +36,15 @@ def _dtype_code(d, dtype):
 
 
 @functools.lru_cache(maxsize=1024)  # per layer and batch the same few tensors: ~10 us an encode
-def _encode(ptr: int, dtype, dims: tuple, strides: tuple, box: tuple, swizzle: bool):
-    """dims / box innermost first (elements); strides of dims 1.. in bytes."""
+def _encode(ptr: int, dtype, dims: tuple, strides: tuple, box: tuple, swizzle: int):
+    """dims / box innermost first (elements); strides of dims 1.. in bytes; swizzle: 0, 64 or 128 bytes."""
     d = _driver()
     u64, u32 = d.cuuint64_t, d.cuuint32_t
     err, tmap = d.cuTensorMapEncodeTiled(
         _dtype_code(d, dtype), u32(len(dims)), ptr, [u64(max(x, 1)) for x in dims], [u64(x) for x in strides],
         [u32(x) for x in box], [u32(1)] * len(dims),
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle else d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B" if swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"),
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != d.CUresult.CUDA_SUCCESS:
@@ -63,17 +63,18 @@ def packed_rows_map(t: torch.Tensor, box_rows: int, box_heads: int = 1) -> "runt
         raise ValueError(f"tensor map: head_dim {dim} must be a multiple of {128 // es}, box rows {box_rows} in "
                          f"1..256 and box heads {box_heads} in 1..{heads}")
     return _encode(t.data_ptr(), t.dtype, (dim, heads, rows), (t.stride(1) * es, t.stride(0) * es),
-                   (128 // es, box_heads, box_rows), True)
+                   (128 // es, box_heads, box_rows), 128)
 
 
 def transposed_map(vt: torch.Tensor, box_keys: int = 128) -> "runtime.Blob":
     """Map of an e4m3 V^T [heads, head_dim, keys] (contiguous): boxes of all head_dim rows x
-    box_keys keys (box_keys bytes, 128-byte swizzle) of one head."""
+    box_keys keys of one head, rows of box_keys bytes swizzled as one panel (128 or 64 bytes)."""
     heads, dim, keys = vt.shape
-    if vt.element_size() != 1 or not vt.is_contiguous() or keys % 16 or box_keys != 128 or not 1 <= dim <= 256:
+    if vt.element_size() != 1 or not vt.is_contiguous() or keys % 16 or box_keys not in (64, 128) \
+            or not 1 <= dim <= 256:
         raise ValueError(f"tensor map: V^T must be contiguous 8-bit [heads, dim <= 256, keys % 16 == 0], "
-                         f"got {vt.dtype} {tuple(vt.shape)}; box of 128 keys")
-    return _encode(vt.data_ptr(), vt.dtype, (keys, dim, heads), (keys, dim * keys), (box_keys, dim, 1), True)
+                         f"got {vt.dtype} {tuple(vt.shape)}; box of 64 or 128 keys, got {box_keys}")
+    return _encode(vt.data_ptr(), vt.dtype, (keys, dim, heads), (keys, dim * keys), (box_keys, dim, 1), box_keys)
 
 
 def rows_map(x: torch.Tensor, box: int) -> "runtime.Blob":
@@ -83,4 +84,4 @@ def rows_map(x: torch.Tensor, box: int) -> "runtime.Blob":
     if x.dtype != torch.float32 or not x.is_contiguous() or n % 4 or not 1 <= box <= 256:
         raise ValueError(f"tensor map: fp32 [rows, n % 4 == 0] contiguous and box in 1..256, got {x.dtype} "
                          f"{tuple(x.shape)}, box {box}")
-    return _encode(x.data_ptr(), x.dtype, (n, rows), (n * 4,), (box, 1), False)
+    return _encode(x.data_ptr(), x.dtype, (n, rows), (n * 4,), (box, 1), 0)

@@ -360,6 +360,22 @@ def test_fp8_prefill_vs_reference(name, per_page, page_size, body):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [(12, 64, 4, 1), (8, 64, 4, 2)], ids=["3wg_n64", "2wg_n64"])
+@pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
+                         ids=["per_page16", "per_key", "per_tensor"])
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks"])
+def test_fp8_hopper_64_key_tiles(name, per_page, page_size, cfg, monkeypatch):
+    """The Hopper kernel's FP8 tile of 64 keys (V^T rows of one 64-byte swizzle panel, a stage's
+    scales the half of a 128-key block), with two or three consumer warpgroups (bench.ab --fp8-config)."""
+    if prefill._default_arch() not in prefill.WGMMA_ARCHS:
+        pytest.skip("the Hopper FP8 kernel is sm_90a only")
+    w, n, st, qs = cfg
+    monkeypatch.setitem(prefill.FP8_CONFIGS, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs))
+    seqs, hq, hk, kw = FP8_CASES[name]
+    _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16, 1024])
 @pytest.mark.parametrize("layout", ["vllm", "sglang"])
 def test_fp8_prefill_page_sizes_and_transitions(page_size, layout, body):

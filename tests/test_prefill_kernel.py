@@ -110,6 +110,20 @@ def test_vs_reference(name, dtype, path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sink_tokens_8", "softcap", "non_causal", "d256",
+                                  "d256_window_sinks", "window_lt_sk"])
+def test_small_shared_memory_tiles(name, monkeypatch):
+    # The tiles gfx942 gets for d128 / d256 (SMALL_SMEM_CONFIGS: 64 KB of LDS), on this device's
+    # portable body.
+    seqs, hq, hk, d, kw = CASES[name]
+    _force_path("portable", monkeypatch)
+    monkeypatch.setattr(prefill, "CONFIGS", {**prefill.CONFIGS, **prefill.SMALL_SMEM_CONFIGS})
+    monkeypatch.setattr(prefill, "WINDOW_CONFIGS", {**prefill.WINDOW_CONFIGS, **prefill.SMALL_SMEM_CONFIGS})
+    assert prefill.config_for(d, kw.get("window", 0), prefill._default_arch()) == prefill.SMALL_SMEM_CONFIGS[d]
+    _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=7)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [(8, 128, 2, True), (8, 128, 2, False), (8, 64, 2, True), (8, 64, 3, True),
                                  (12, 128, 2, True), (12, 64, 3, True), (4, 64, 3, False), (4, 64, 2, False)],
                          ids=lambda c: "w{}n{}s{}".format(*c[:3]) + ("" if c[3] else "-nopingpong"))
@@ -335,9 +349,28 @@ def test_variants_cover_every_launch():
                             cfg = prefill.config_for(d, window, arch, fp8=True)
                             for mode in prefill.KV_FP8_MODES.values():
                                 assert prefill._variant(d, code, sc, cfg, mode).name in names
-    # 36 bf16/fp16 bodies + the FP8-compute ones (2 dtypes x 2 soft-cap x 3 scale modes): the Hopper
-    # kernel's for d128, the portable body's for d64 and d128
-    assert len(names) == len(prefill.variants()) == 36 + 12 + 24
+    # 36 bf16/fp16 bodies + 8 small-shared-memory ones (d128, d256) + the FP8-compute ones (2 dtypes x
+    # 2 soft-cap x 3 scale modes): the Hopper kernel's for d128, the portable body's for d64 and d128
+    assert len(names) == len(prefill.variants()) == 36 + 8 + 12 + 24
+
+
+def test_every_tile_fits_the_shared_memory_of_its_arch():
+    """gfx942 gives a workgroup 64 KB of LDS: the portable d128 / d256 tiles (112-128 KB) may not
+    launch there; config_for hands out the small-shared-memory tiles instead."""
+    from hip_kernels.runtime import max_dynamic_smem
+
+    for arch in ("sm_80", "sm_90a", "gfx942", "gfx950"):
+        for d in prefill.HEAD_DIMS:
+            for window in (0, 128, prefill.SMALL_WINDOW + 1):
+                for fp8 in (False, True):
+                    if fp8 and not prefill.fp8_compute_available(d, arch):
+                        continue
+                    cfg = prefill.config_for(d, window, arch, fp8=fp8)
+                    modes = prefill.KV_FP8_MODES.values() if fp8 else (0,)
+                    for mode in modes:
+                        assert cfg.smem_bytes(d, mode) <= max_dynamic_smem(arch), (arch, d, window, cfg, mode)
+    assert prefill.config_for(128, 0, "gfx942") == prefill.SMALL_SMEM_CONFIGS[128]
+    assert prefill.config_for(128, 0, "gfx950") == prefill.CONFIGS[128]  # 160 KB of LDS
 
 
 def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():

@@ -418,11 +418,12 @@ struct alignas(64) tma_desc {
 
 #if ATOM_HAS_WGMMA
 // Descriptor fields (16-byte units): start address [0,14), leading byte offset [16,30), stride byte
-// offset [32,46), layout [62,64) (1 = 128-byte swizzle).
-ATOM_DEV u64 desc_bits(const void* smem, u32 lbo_bytes, u32 sbo_bytes) {
+// offset [32,46), layout [62,64) (1 = 128-byte swizzle, 2 = 64-byte: rows of 64 bytes, 8-row groups
+// of 512).
+ATOM_DEV u64 desc_bits(const void* smem, u32 lbo_bytes, u32 sbo_bytes, u32 layout = 1) {
   const u32 a = (u32)__cvta_generic_to_shared(smem);
   return (u64)((a >> 4) & 0x3fffu) | ((u64)((lbo_bytes >> 4) & 0x3fffu) << 16) |
-         ((u64)((sbo_bytes >> 4) & 0x3fffu) << 32) | (1ull << 62);
+         ((u64)((sbo_bytes >> 4) & 0x3fffu) << 32) | ((u64)layout << 62);
 }
 // K-major operand (rows = M or N, 64 K-columns per panel): 8-row groups 1024 bytes apart; the
 // K offset inside a panel (multiples of 16 elements = 32 bytes) is added to the start address.

@@ -59,9 +59,11 @@
 // only selects it on sm_90a (hip_kernels/prefill.py), CI compiles it everywhere.
 // KV_FP8: 0 (16-bit Q/K/V), 1 (e4m3, per-tensor K/V scales), 2 (e4m3, per-key scales), 3 (e4m3,
 // scales per 16 keys, in KV_FP8 = 2's layout); FP8 needs
-// HEAD_DIM 128 and BLOCK_N 128 (one 128-byte swizzle panel per row of every operand).
+// HEAD_DIM 128 and BLOCK_N 128 or 64 (V^T rows of one 128- or 64-byte swizzle panel).
+// LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 
 #include "atom_mma.h"
+#include "fp8_pack.h"
 #include "prefill_tiles.h"
 
 #ifndef DTYPE
@@ -137,16 +139,21 @@ constexpr bool kKeyScales = KV_FP8 >= 2;
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
-constexpr float kLazyLog2 = 8.f;
+constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
 // Two P operand buffers (FP8: 16 more registers), which two consumer warpgroups have (per page a
 // few words spill outside the loop; 1.04-1.10x on H100). The 16-bit P's 32 more spill 64-348
 // bytes (d128), and three consumer warpgroups (160 registers) or CTAs of one have no room.
-constexpr bool kTwoP = NWG == 2 && kFp8;  // how far a row's max may pass its reference before O is rescaled
+constexpr bool kTwoP = NWG == 2 && kFp8;
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
-constexpr int SC_TILE = kKeyScales ? 2 * BN : 0;  // floats of a tile's key scales (K's, V's)
-static_assert(!kFp8 || (D == 128 && BN == 128), "FP8 prefill: head_dim 128, BLOCK_N 128");
+// Floats of a stage's key scales: K's and V's of the pack's 128-key block that holds the tile (a
+// 64-key tile reads its half).
+constexpr int SC_TILE = kKeyScales ? 2 * kFp8Align : 0;
+static_assert(!kFp8 || (D == 128 && (BN == 128 || BN == 64)), "FP8 prefill: head_dim 128, BLOCK_N 128 or 64");
+// FP8 V^T tiles [D][BN bytes]: rows of one 128-byte swizzle panel, or with 64-key tiles of 64 bytes
+// (64-byte swizzle: wgmma layout 2, 8-row groups 512 bytes apart).
+constexpr u32 VT_LAYOUT = BN == 64 ? 2 : 1;
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128, "Hopper prefill: BLOCK_N 64 or 128");
 static_assert(NWG >= 1 && NWG <= 3, "Hopper prefill: 1 to 3 consumer warpgroups");
@@ -360,7 +367,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             wg::tma_load_3d(ring + s * TILE, &tm_v, full + 8 * s, row, 0, g);  // V^T: [D][BN] bytes
           } else {
             wg::tma_load_3d(ring + s * TILE, &tm_k, full + 8 * s, 0, g, row);
-            if (kKeyScales) wg::tma_load_2d(a_s + 4 * s * SC_TILE, &tm_s, full + 8 * s, 2 * row, g);
+            if (kKeyScales) wg::tma_load_2d(a_s + 4 * s * SC_TILE, &tm_s, full + 8 * s, 2 * (row & -kFp8Align), g);
           }
         } else {
 #pragma unroll
@@ -488,7 +495,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         const unsigned char* sVs = sV + EB * stage(it) * TILE;
         if constexpr (kFp8) {  // V^T [D][BN]: K-major, keys in steps of 32 bytes
 #pragma unroll
-          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + kk * 32, 16, 1024));
+          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + kk * 32, 16, 8 * BN, VT_LAYOUT));
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
 #pragma unroll
@@ -501,8 +508,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // of the previous tile's largest V scale to this one's).
       // Key scales (KV_FP8 >= 2) sit in the stage as [K's, V's] x 128, each in lane order: lane
       // quad q reads its 32 columns 16 nt + 8 h + 2 q + b at 32 q + 4 nt + 2 h + b, as 8 float4.
+      // A 64-key tile's groups sit at nt + 4 in the second half of its block.
+      auto scales_at = [&](int it) { return sS + stage(it) * SC_TILE + (kw.tile(it) * BN) % kFp8Align / 4; };
       auto key_scales = [&](int it, int which, int nt) {
-        const float* p = sS + stage(it) * SC_TILE + which * BN + 32 * (int)(lane_id() & 3) + 4 * nt;
+        const float* p = scales_at(it) + which * kFp8Align + 32 * (int)(lane_id() & 3) + 4 * nt;
         return *reinterpret_cast<const float4*>(p);
       };
       auto pick = [](const float4& v, int e) {
@@ -515,11 +524,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
       auto load_groups = [&](int it) {
         if constexpr (kGroupScales) {
-          const float* p = sS + stage(it) * SC_TILE;
+          const float* p = scales_at(it);
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
             gk[nt] = fmax_(p[4 * nt], 1e-30f);
-            gv[nt] = p[BN + 4 * nt];
+            gv[nt] = p[kFp8Align + 4 * nt];
           }
         }
       };
@@ -527,7 +536,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::fence_regs(sacc);
         const int j0 = kw.tile(it) * BN;
         float v_tile = 1.f;
-        if constexpr (kKeyScales) v_tile = v_max[(i64)u.g * v_max_blocks + (u.k0 + j0) / BN];
+        if constexpr (kKeyScales) v_tile = v_max[(i64)u.g * v_max_blocks + (u.k0 + j0) / kFp8Align];
         if constexpr (kGroupScales && !kGroupK) {
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt)
