@@ -70,13 +70,10 @@ def _defines(items: list) -> tuple:
 
 def _config_fields(text: str | None) -> dict:
     """'num_warps=12,block_n=64' -> {'num_warps': 12, 'block_n': 64} (prefill.Config fields)."""
-    out = {}
-    for it in (text.split(",") if text else []):
-        name, _, value = it.partition("=")
-        if not name or not value.lstrip("-").isdigit():
-            raise SystemExit(f"--fp8-config {it!r}: FIELD=INT expected")
-        out[name.strip()] = int(value)
-    return out
+    pairs = _defines(text.split(",") if text else [])
+    if not all(v.lstrip("-").isdigit() for _, v in pairs):
+        raise SystemExit(f"--fp8-config {text!r}: FIELD=INT,... expected")
+    return {name: int(v) for name, v in pairs}
 
 
 def main(argv=None):

@@ -31,6 +31,14 @@ def test_defines_need_name_and_value():
             ab._defines(bad)
 
 
+def test_fp8_config_fields_are_integers():
+    assert ab._config_fields("num_warps=12,block_n=64") == {"num_warps": 12, "block_n": 64}
+    assert ab._config_fields(None) == {}
+    for bad in ("num_warps=x", "num_warps", "=4"):
+        with pytest.raises(SystemExit):
+            ab._config_fields(bad)
+
+
 def test_parameters_compare_the_kernels_signatures(tmp_path):
     src = (ab.SRC_DIR / ab.KERNEL).read_text()
     assert ab.parameters(src).startswith("const ATOM_GRID_CONSTANT tma_desc tm_q")
