@@ -94,7 +94,7 @@ def main(argv=None):
     from hip_kernels import prefill
 
     tuning.apply(prefill._default_arch())  # the tiles a serving process uses
-    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS)
+    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS)
     declared = [dict(t) for t in tables]
     base = base_source(args.base)
     if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):
@@ -109,7 +109,8 @@ def main(argv=None):
         src, extra = variants[name]
         prefill.HOPPER_SOURCE = src
         for t, d in zip(tables, declared):
-            fields = work_fp8 if name == "work" and t is prefill.FP8_CONFIGS else {}
+            fp8_table = t is prefill.FP8_CONFIGS or t is prefill.FP8_TENSOR_CONFIGS
+            fields = work_fp8 if name == "work" and fp8_table else {}
             for hd, cfg in d.items():
                 t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra, **fields)
         prefill._variant.cache_clear()

@@ -188,7 +188,7 @@ def run_fp8(seqs, q, cache, *, with_gather: bool):
     packed = pack()
     cu_q = torch.tensor([0] + [sum(a for a, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
                         device=q.device)
-    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2], fp8=True).to(q.device)
+    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2], fp8=packed.scale).to(q.device)
     out = torch.empty_like(q)
     mq, mk = max(a for a, _ in seqs), max(sk)
     attend = lambda p: prefill.varlen_attention(q, p, None, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,

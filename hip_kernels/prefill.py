@@ -22,7 +22,7 @@ shorter row tile for d = 64/128 under small sliding windows, plus 64-row tiles f
 the shared memory (LDS) is short (gfx942's 64 KB: SMALL_SMEM_CONFIGS), plus the Hopper kernel for
 d = 64/128 (WGMMA_CONFIGS, WGMMA_WINDOW_CONFIGS for small windows; picked on sm_90a; config_for).
 FP8 compute (k = gather.PackedFp8, docs/fp8.md) x 3 scale modes: the Hopper kernel for d = 128 on
-sm_90a (FP8_CONFIGS), the portable body for d = 64/128 on gfx942 / gfx950 (PORTABLE_FP8_CONFIGS,
+sm_90a (FP8_CONFIGS, FP8_TENSOR_CONFIGS), the portable body for d = 64/128 on gfx942 / gfx950 (PORTABLE_FP8_CONFIGS,
 e4m3 MFMAs; on NVIDIA sm_89+ the same body runs mma.sync e4m3, which tests force on the H100).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
@@ -72,7 +72,9 @@ class Config:
             eb = 1 if kv_fp8 else 2
             from hip_kernels.gather import FP8_ALIGN
 
-            scales = 4 * self.stages * 2 * FP8_ALIGN if kv_fp8 >= 2 else 0  # a block of the pack per stage
+            # the pack's 128-key blocks of key scales a stage holds: two where a tile may straddle blocks
+            blocks = 1 if FP8_ALIGN % self.block_n == 0 or self.block_n == FP8_ALIGN else 2
+            scales = 4 * self.stages * 2 * FP8_ALIGN * blocks if kv_fp8 >= 2 else 0
             q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + 1024 + 512
@@ -111,9 +113,13 @@ WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmm
 # three-consumer tile at 4 x 4k, 1.05x at 16 x 512 new / 2k keys on H100, docs/perf/prefill.md).
 WGMMA_WINDOW_CONFIGS = {64: Config(4, 64, 3, wgmma=True, q_stages=1, ctas=3), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
-# FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8):
-# every window, since the FP8 layout is in 128-key tiles. Same BLOCK_M as WGMMA_CONFIGS.
+# FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8),
+# every window, by scale mode. Per-page scales: two consumer warpgroups of 128-key tiles (BLOCK_M
+# 128). Per-tensor scales: three of 96-key tiles (BLOCK_M 192): a third consumer warp per
+# scheduler fills the dependency waits of the other two's softmax (1.05-1.11x on H100; per page,
+# whose scales need more registers, it spills in the loop and loses: docs/perf/prefill.md stop 36).
 FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True)}
+FP8_TENSOR_CONFIGS = {128: Config(12, 96, 3, wgmma=True, q_stages=1)}
 # FP8 compute on the portable body (KV_FP8 in src/varlen_prefill.hip), on PORTABLE_FP8_ARCHS: 64 rows
 # (4 waves of 16 on AMD), 64-key tiles, two stages: 48 KB of shared memory, inside gfx942's 64 KB
 # LDS. Not tuned (no AMD device here): the shape that compiles without spills on gfx942 / gfx950.
@@ -127,12 +133,22 @@ SCHEDULER = "dynamic"  # Hopper: units claimed from a counter as CTAs free up, o
 WORK_ORDER = "request"  # work_items: "request" (grouped, L2-friendly) or "cost" (longest first overall)
 
 
-def _fp8_configs(arch: str | None) -> dict:
-    """The FP8-compute tile table of `arch`: the Hopper kernel's on sm_90a, the portable body's on
-    PORTABLE_FP8_ARCHS, none elsewhere."""
+def _fp8_configs(arch: str | None, scale: str = "per_page") -> dict:
+    """The FP8-compute tile table of `arch` for a KV_FP8_MODES scale: the Hopper kernel's on sm_90a
+    (per tensor, per page), the portable body's on PORTABLE_FP8_ARCHS, none elsewhere."""
     if arch in WGMMA_ARCHS:
-        return FP8_CONFIGS
+        return FP8_TENSOR_CONFIGS if scale == "per_tensor" else FP8_CONFIGS
     return PORTABLE_FP8_CONFIGS if arch in PORTABLE_FP8_ARCHS else {}
+
+
+def _fp8_scale(fp8) -> str | None:
+    """A config_for / work_items `fp8` argument: None (16-bit compute) or a KV_FP8_MODES name (the
+    scale mode of the pack: the tile depends on it)."""
+    if fp8 is None or fp8 is False:
+        return None
+    if fp8 not in KV_FP8_MODES:
+        raise ValueError(f"fp8 must be None or the pack's scale mode, one of {tuple(KV_FP8_MODES)}; got {fp8!r}")
+    return fp8
 
 
 def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
@@ -140,24 +156,25 @@ def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
     return head_dim in _fp8_configs(arch)
 
 
-def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: bool = False) -> Config:
+def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: str | None = None) -> Config:
     """The tile shape a launch with this head dim and window uses on `arch` (None: portable);
-    fp8: the FP8-compute kernel's (fp8_compute_available). A tile that needs more shared memory
-    than `arch` gives a CTA is replaced by SMALL_SMEM_CONFIGS'."""
-    cfg = _declared_config(head_dim, window, arch, fp8)
+    fp8: the FP8-compute kernel's for that scale mode (a KV_FP8_MODES name; fp8_compute_available).
+    A tile that needs more shared memory than `arch` gives a CTA is replaced by SMALL_SMEM_CONFIGS'."""
+    scale = _fp8_scale(fp8)
+    cfg = _declared_config(head_dim, window, arch, scale)
     if arch is not None and not cfg.wgmma and head_dim in SMALL_SMEM_CONFIGS:
         from hip_kernels.runtime import max_dynamic_smem
 
-        if cfg.smem_bytes(head_dim, int(fp8)) > max_dynamic_smem(arch):
+        if cfg.smem_bytes(head_dim, KV_FP8_MODES[scale] if scale else 0) > max_dynamic_smem(arch):
             return SMALL_SMEM_CONFIGS[head_dim]
     return cfg
 
 
-def _declared_config(head_dim: int, window: int, arch: str | None, fp8: bool) -> Config:
-    if fp8:
+def _declared_config(head_dim: int, window: int, arch: str | None, scale: str | None) -> Config:
+    if scale:
         if not fp8_compute_available(head_dim, arch):
             raise ValueError(f"no FP8-compute prefill kernel for head_dim {head_dim} on {arch}")
-        return _fp8_configs(arch)[head_dim]
+        return _fp8_configs(arch, scale)[head_dim]
     small = 0 < window <= SMALL_WINDOW
     if arch in WGMMA_ARCHS:
         table = WGMMA_WINDOW_CONFIGS if small else WGMMA_CONFIGS
@@ -226,19 +243,21 @@ def variants() -> list:
     """Every variant varlen_attention can request (CI compiles them all for every arch)."""
     cfgs = [(d, CONFIGS[d]) for d in HEAD_DIMS] + list(WINDOW_CONFIGS.items()) + list(SMALL_SMEM_CONFIGS.items()) \
         + list(WGMMA_CONFIGS.items()) + list(WGMMA_WINDOW_CONFIGS.items())
-    fp8 = [_variant(d, code, sc, cfg, mode) for d, cfg in [*FP8_CONFIGS.items(), *PORTABLE_FP8_CONFIGS.items()]
-           for code in (0, 1) for sc in (False, True) for mode in KV_FP8_MODES.values()]
+    fp8 = [_variant(d, code, sc, table[d], mode) for name, mode in KV_FP8_MODES.items()
+           for table in (_fp8_configs(WGMMA_ARCHS[0], name), PORTABLE_FP8_CONFIGS) for d in table
+           for code in (0, 1) for sc in (False, True)]
     return [_variant(d, code, sc, cfg) for d, cfg in cfgs for code in (0, 1) for sc in (False, True)] + fp8
 
 
 def work_items(seqlens_q, seqlens_k, *, head_dim: int, causal: bool = True, window: int = 0,
-               sink_tokens: int = 0, arch: str | None = None, fp8: bool = False) -> torch.Tensor:
+               sink_tokens: int = 0, arch: str | None = None, fp8: str | None = None) -> torch.Tensor:
     """Host-built work list: int32 [n, 2] of (request, q tile), most visible keys first.
 
     `seqlens_q` / `seqlens_k` are per-request lengths known on the host (Python ints). The
     result is a CPU tensor; move it to the device (ideally from pinned memory, non_blocking).
     `arch`: the device the list is for (default: the current torch device, if any); q tiles
-    are BLOCK_M rows of the tile shape that device launches (fp8: for the FP8-compute kernel)."""
+    are BLOCK_M rows of the tile shape that device launches (fp8: for the FP8-compute kernel of
+    that scale mode, the pack's `scale`)."""
     bm = config_for(head_dim, window, arch or _default_arch(), fp8).block_m
     items = []
     for b, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
@@ -396,7 +415,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return_lse = True
     lse = lse_out if lse_out is not None else \
         torch.empty((total_q, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    cfg = config_for(d, window, arch, fp8 is not None)
+    cfg = config_for(d, window, arch, fp8.scale if fp8 is not None else None)
     if work is not None:
         if not isinstance(work, torch.Tensor) or work.dtype != torch.int32 or work.dim() != 2 \
                 or work.shape[1] != 2 or not work.is_contiguous():
@@ -434,8 +453,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         pack = gqa_pack(cfg, hq // hk)
         tm_q = tma.packed_rows_map(q, cfg.block_m // pack, pack)  # FP8: the kernel quantizes Q per (token, head)
         if fp8 is not None:
-            tm_v = tma.transposed_map(fp8.vt, cfg.block_n)
-            per_page = fp8.scale != "per_tensor"  # a K tile's stage takes its 128-key block's scales
+            # V^T in panels of one swizzle span: 128 keys, or 64 / 32 where the tile is not 128
+            panel = 128 if cfg.block_n == 128 else 64 if cfg.block_n % 64 == 0 else 32
+            tm_v = tma.transposed_map(fp8.vt, panel)
+            per_page = fp8.scale != "per_tensor"  # a K tile's stage takes its 128-key blocks' scales
             tm_s = tma.rows_map(fp8.key_scales.view(hk, -1), fp8.key_scales[0, 0].numel()) if per_page else tm_v
             fp8_args = (fp8.kv_scale, fp8.v_max, fp8.v_max.shape[1] if per_page else 0, fp8.cu_kp)
         else:

@@ -37,7 +37,7 @@ def _dtype_code(d, dtype):
 
 @functools.lru_cache(maxsize=1024)  # per layer and batch the same few tensors: ~10 us an encode
 def _encode(ptr: int, dtype, dims: tuple, strides: tuple, box: tuple, swizzle: int):
-    """dims / box innermost first (elements); strides of dims 1.. in bytes; swizzle: 0, 64 or 128 bytes."""
+    """dims / box innermost first (elements); strides of dims 1.. in bytes; swizzle: 0, 32, 64 or 128 bytes."""
     d = _driver()
     u64, u32 = d.cuuint64_t, d.cuuint32_t
     err, tmap = d.cuTensorMapEncodeTiled(
@@ -68,12 +68,12 @@ def packed_rows_map(t: torch.Tensor, box_rows: int, box_heads: int = 1) -> "runt
 
 def transposed_map(vt: torch.Tensor, box_keys: int = 128) -> "runtime.Blob":
     """Map of an e4m3 V^T [heads, head_dim, keys] (contiguous): boxes of all head_dim rows x
-    box_keys keys of one head, rows of box_keys bytes swizzled as one panel (128 or 64 bytes)."""
+    box_keys keys of one head, rows of box_keys bytes swizzled as one panel (128, 64 or 32 bytes)."""
     heads, dim, keys = vt.shape
-    if vt.element_size() != 1 or not vt.is_contiguous() or keys % 16 or box_keys not in (64, 128) \
+    if vt.element_size() != 1 or not vt.is_contiguous() or keys % 16 or box_keys not in (32, 64, 128) \
             or not 1 <= dim <= 256:
         raise ValueError(f"tensor map: V^T must be contiguous 8-bit [heads, dim <= 256, keys % 16 == 0], "
-                         f"got {vt.dtype} {tuple(vt.shape)}; box of 64 or 128 keys, got {box_keys}")
+                         f"got {vt.dtype} {tuple(vt.shape)}; box of 32, 64 or 128 keys, got {box_keys}")
     return _encode(vt.data_ptr(), vt.dtype, (keys, dim, heads), (keys, dim * keys), (box_keys, dim, 1), box_keys)
 
 

@@ -46,7 +46,7 @@ def body(request, monkeypatch):
     else:
         if not _portable_fp8_runs_on(arch):
             pytest.skip(f"no e4m3 MMA on {arch} for the portable FP8 body")
-        monkeypatch.setattr(prefill, "_fp8_configs", lambda arch: prefill.PORTABLE_FP8_CONFIGS)
+        monkeypatch.setattr(prefill, "_fp8_configs", lambda arch, scale="per_page": prefill.PORTABLE_FP8_CONFIGS)
     return request.param
 
 
@@ -195,11 +195,17 @@ def test_padded_starts():
 def test_fp8_config_and_errors():
     assert prefill.fp8_compute_available(128, "sm_90a")
     assert not prefill.fp8_compute_available(64, "sm_90a") and not prefill.fp8_compute_available(128, "sm_80")
-    assert prefill.config_for(128, 128, "sm_90a", fp8=True).block_m == prefill.config_for(128, 0, "sm_90a").block_m
+    # per page: the 16-bit tile's rows; per tensor: three consumer warpgroups of 64
+    assert prefill.config_for(128, 128, "sm_90a", fp8="per_page").block_m == prefill.config_for(128, 0, "sm_90a").block_m
+    assert prefill.config_for(128, 0, "sm_90a", fp8="per_tensor").block_m == 192
+    items = prefill.work_items([300], [300], head_dim=128, arch="sm_90a", fp8="per_tensor")
+    assert items.shape[0] == 2
+    with pytest.raises(ValueError, match="scale mode"):  # the tile depends on the mode: a bool is not enough
+        prefill.config_for(128, 0, "sm_90a", fp8=True)
     with pytest.raises(ValueError, match="FP8-compute"):
-        prefill.config_for(64, 0, "sm_90a", fp8=True)
+        prefill.config_for(64, 0, "sm_90a", fp8="per_page")
     with pytest.raises(ValueError, match="FP8-compute"):
-        prefill.config_for(256, 0, "gfx950", fp8=True)
+        prefill.config_for(256, 0, "gfx950", fp8="per_page")
     q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
     p = gather.PackedFp8(torch.zeros(128, 1, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 128, 64, dtype=torch.float8_e4m3fn),
                          torch.tensor([0, 128], dtype=torch.int32), "per_tensor", torch.ones(2), None, None)
@@ -215,13 +221,13 @@ def test_portable_fp8_routing():
     Hopper kernel; the portable tile fits gfx942's 64 KB of LDS."""
     for arch in prefill.PORTABLE_FP8_ARCHS:
         for d in (64, 128):
-            cfg = prefill.config_for(d, 0, arch, fp8=True)
+            cfg = prefill.config_for(d, 0, arch, fp8="per_page16")
             assert prefill.fp8_compute_available(d, arch) and not cfg.wgmma
             assert cfg.smem_bytes(d, kv_fp8=1) <= 64 * 1024
             assert prefill._variant(d, 0, False, cfg, 3).source == prefill.SOURCE
-            items = prefill.work_items([300], [300], head_dim=d, arch=arch, fp8=True)
+            items = prefill.work_items([300], [300], head_dim=d, arch=arch, fp8="per_page16")
             assert items.shape[0] == -(-300 // cfg.block_m)
-    assert prefill.config_for(128, 0, "sm_90a", fp8=True).wgmma
+    assert all(prefill.config_for(128, 0, "sm_90a", fp8=m).wgmma for m in prefill.KV_FP8_MODES)
 
 
 def test_pack_order_must_match_the_body():
@@ -249,8 +255,8 @@ def test_portable_fp8_body_uses_the_fp8_mfma(arch, tmp_path, monkeypatch):
     assert exe, "llvm-objdump-22 (llvm-22) is needed to read the code object"
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    for mode in prefill.KV_FP8_MODES.values():
-        c = runtime.compile_variant(prefill._variant(128, 0, False, prefill.config_for(128, 0, arch, fp8=True), mode), arch)
+    for name, mode in prefill.KV_FP8_MODES.items():
+        c = runtime.compile_variant(prefill._variant(128, 0, False, prefill.config_for(128, 0, arch, fp8=name), mode), arch)
         use = runtime.resource_usage(c)
         assert use.get("vgpr_spills", 0) == 0 and use.get("sgpr_spills", 0) == 0 and use.get("scratch", 0) == 0, use
         co = tmp_path / f"{arch}_{mode}.co"
@@ -321,7 +327,7 @@ def _fp8_attention_case(seqs, hq, hk, kw, page_size=16, per_page=True, dtype=tor
     out = torch.full_like(qd, float("nan"))
     lse = torch.full((q.shape[0], hq), float("nan"), device=DEV)
     work = prefill.work_items([a for a, _ in seqs], seqs_k, head_dim=d, causal=kw.get("causal", True),
-                              window=kw.get("window", 0), sink_tokens=kw.get("sink_tokens", 0), fp8=True).to(DEV)
+                              window=kw.get("window", 0), sink_tokens=kw.get("sink_tokens", 0), fp8=p.scale).to(DEV)
     prefill.varlen_attention(qd, p, None, cu_q, cu_k, max_seqlen_q=max(a for a, _ in seqs), max_seqlen_k=max(seqs_k),
                              sinks=None if sinks is None else sinks.to(DEV), out=out, lse_out=lse, work=work, **kw)
     torch.cuda.synchronize()
@@ -360,17 +366,21 @@ def test_fp8_prefill_vs_reference(name, per_page, page_size, body):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [(12, 64, 4, 1), (8, 64, 4, 2)], ids=["3wg_n64", "2wg_n64"])
+@pytest.mark.parametrize("cfg", [(12, 64, 4, 1), (8, 64, 4, 2), (12, 96, 3, 1), (8, 192, 2, 2)],
+                         ids=["3wg_n64", "2wg_n64", "3wg_n96", "2wg_n192"])
 @pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
                          ids=["per_page16", "per_key", "per_tensor"])
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks"])
-def test_fp8_hopper_64_key_tiles(name, per_page, page_size, cfg, monkeypatch):
-    """The Hopper kernel's FP8 tile of 64 keys (V^T rows of one 64-byte swizzle panel, a stage's
-    scales the half of a 128-key block), with two or three consumer warpgroups (bench.ab --fp8-config)."""
+def test_fp8_hopper_key_tiles(name, per_page, page_size, cfg, monkeypatch):
+    """The Hopper kernel's other FP8 tiles, in every scale mode (bench.ab --fp8-config): 64 keys (V^T
+    rows of one 64-byte swizzle panel, a stage's scales the half of a 128-key block), 96 (panels of
+    32 keys) and 192 (of 64), whose tiles start inside a 128-key block and end in the next (a stage
+    holds both blocks' scales), with two or three consumer warpgroups."""
     if prefill._default_arch() not in prefill.WGMMA_ARCHS:
         pytest.skip("the Hopper FP8 kernel is sm_90a only")
     w, n, st, qs = cfg
-    monkeypatch.setitem(prefill.FP8_CONFIGS, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs))
+    for table in (prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS):
+        monkeypatch.setitem(table, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs))
     seqs, hq, hk, kw = FP8_CASES[name]
     _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
 

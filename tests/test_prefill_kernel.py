@@ -346,8 +346,8 @@ def test_variants_cover_every_launch():
                     for sc in (False, True):
                         assert prefill._variant(d, code, sc, prefill.config_for(d, window, arch)).name in names
                         if prefill.fp8_compute_available(d, arch):
-                            cfg = prefill.config_for(d, window, arch, fp8=True)
-                            for mode in prefill.KV_FP8_MODES.values():
+                            for name, mode in prefill.KV_FP8_MODES.items():
+                                cfg = prefill.config_for(d, window, arch, fp8=name)
                                 assert prefill._variant(d, code, sc, cfg, mode).name in names
     # 36 bf16/fp16 bodies + 8 small-shared-memory ones (d128, d256) + the FP8-compute ones (2 dtypes x
     # 2 soft-cap x 3 scale modes): the Hopper kernel's for d128, the portable body's for d64 and d128
@@ -362,13 +362,12 @@ def test_every_tile_fits_the_shared_memory_of_its_arch():
     for arch in ("sm_80", "sm_90a", "gfx942", "gfx950"):
         for d in prefill.HEAD_DIMS:
             for window in (0, 128, prefill.SMALL_WINDOW + 1):
-                for fp8 in (False, True):
+                for fp8 in (None, *prefill.KV_FP8_MODES):
                     if fp8 and not prefill.fp8_compute_available(d, arch):
                         continue
                     cfg = prefill.config_for(d, window, arch, fp8=fp8)
-                    modes = prefill.KV_FP8_MODES.values() if fp8 else (0,)
-                    for mode in modes:
-                        assert cfg.smem_bytes(d, mode) <= max_dynamic_smem(arch), (arch, d, window, cfg, mode)
+                    mode = prefill.KV_FP8_MODES[fp8] if fp8 else 0
+                    assert cfg.smem_bytes(d, mode) <= max_dynamic_smem(arch), (arch, d, window, cfg, mode)
     assert prefill.config_for(128, 0, "gfx942") == prefill.SMALL_SMEM_CONFIGS[128]
     assert prefill.config_for(128, 0, "gfx950") == prefill.CONFIGS[128]  # 160 KB of LDS
 

@@ -78,8 +78,9 @@ def _prefill_entries(mod, arch: str) -> list[Entry]:
             continue
         tile = tuple((k, val) for k, val in sorted(d.items()) if k not in ("HEAD_DIM", "DTYPE", "SOFTCAP", "KV_FP8"))
         if d.get("KV_FP8"):  # FP8 compute: listed for the archs whose body it is (Hopper or portable)
+            mode_name = next(n for n, m in mod.KV_FP8_MODES.items() if m == d["KV_FP8"])
             if not mod.fp8_compute_available(hd, arch) or \
-                    v != mod._variant(hd, code, bool(sc), mod.config_for(hd, 0, arch, fp8=True), d["KV_FP8"]):
+                    v != mod._variant(hd, code, bool(sc), mod.config_for(hd, 0, arch, fp8=mode_name), d["KV_FP8"]):
                 continue
             scale, pages, role = _PREFILL_FP8[d["KV_FP8"]]
             feats = {"sinks", "window", "sink_tokens", "lse"} | ({"softcap"} if sc else set())
@@ -299,11 +300,11 @@ def _fp8_variants(mods, facts, arch):
     prefill, gather = mods["prefill"], mods["gather"]
     code = {"bf16": 0, "fp16": 1}[facts.dtype]
     scale = facts.kv_scale_mode
-    mode = prefill.KV_FP8_MODES["per_page16" if scale == "per_page" and facts.page_size % 16 == 0 else scale]
+    name = "per_page16" if scale == "per_page" and facts.page_size % 16 == 0 else scale
     out = []
     for w in _windows(facts):
         v = prefill._variant(facts.head_dim, code, facts.softcap > 0,
-                             prefill.config_for(facts.head_dim, w, arch, fp8=True), mode)
+                             prefill.config_for(facts.head_dim, w, arch, fp8=name), prefill.KV_FP8_MODES[name])
         if v not in out:
             out.append(v)
     return out + [gather.fp8_variant("vllm", scale)]

@@ -59,8 +59,10 @@
 // only selects it on sm_90a (hip_kernels/prefill.py), CI compiles it everywhere.
 // KV_FP8: 0 (16-bit Q/K/V), 1 (e4m3, per-tensor K/V scales), 2 (e4m3, per-key scales), 3 (e4m3,
 // scales per 16 keys, in KV_FP8 = 2's layout); FP8 needs
-// HEAD_DIM 128 and BLOCK_N 128 or 64 (V^T rows of one 128- or 64-byte swizzle panel).
+// HEAD_DIM 128 and BLOCK_N 64, 96, 128 or 192 (V^T rows of one 128-byte swizzle panel, or panels of
+// 64 or 32 keys).
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
+// TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -142,20 +144,28 @@ constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds sca
 constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
 // Two P operand buffers (FP8: 16 more registers), which two consumer warpgroups have (per page a
 // few words spill outside the loop; 1.04-1.10x on H100). The 16-bit P's 32 more spill 64-348
-// bytes (d128), and three consumer warpgroups (160 registers) or CTAs of one have no room.
-constexpr bool kTwoP = NWG == 2 && kFp8;
+// bytes (d128), and three consumer warpgroups (160 registers) or CTAs of one have no room; nor
+// does a 192-key tile (its S takes 32 more: ptxas serializes the wgmmas).
+#ifndef TWO_P
+#define TWO_P (BN <= 128)
+#endif
+constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
-// Floats of a stage's key scales: K's and V's of the pack's 128-key block that holds the tile (a
-// 64-key tile reads its half).
-constexpr int SC_TILE = kKeyScales ? 2 * kFp8Align : 0;
-static_assert(!kFp8 || (D == 128 && (BN == 128 || BN == 64)), "FP8 prefill: head_dim 128, BLOCK_N 128 or 64");
-// FP8 V^T tiles [D][BN bytes]: rows of one 128-byte swizzle panel, or with 64-key tiles of 64 bytes
-// (64-byte swizzle: wgmma layout 2, 8-row groups 512 bytes apart).
-constexpr u32 VT_LAYOUT = BN == 64 ? 2 : 1;
+// Floats of a stage's key scales: K's and V's of the pack's 128-key blocks that hold the tile (a
+// 64-key tile reads half of one; a 96- or 192-key tile may start in one and end in the next).
+constexpr int SC_BLOCKS = kFp8Align % BN == 0 || BN == kFp8Align ? 1 : 2;
+constexpr int SC_TILE = kKeyScales ? 2 * kFp8Align * SC_BLOCKS : 0;
+static_assert(!kFp8 || (D == 128 && (BN == 64 || BN == 96 || BN == 128 || BN == 192)),
+              "FP8 prefill: head_dim 128, BLOCK_N 64, 96, 128 or 192");
+// FP8 V^T tiles [D][BN bytes]: rows of one 128-byte swizzle panel, or BN / VT_PANEL panels
+// [D][VT_PANEL bytes] of 64 or 32 keys (64- / 32-byte swizzle: wgmma layout 2 / 3, 8-row groups
+// 8 VT_PANEL bytes apart), one TMA box each.
+constexpr int VT_PANEL = BN == 128 ? 128 : BN % 64 == 0 ? 64 : 32;
+constexpr u32 VT_LAYOUT = VT_PANEL == 128 ? 1 : VT_PANEL == 64 ? 2 : 3;
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
-static_assert(BN == 64 || BN == 128, "Hopper prefill: BLOCK_N 64 or 128");
+static_assert(BN == 64 || BN == 128 || (kFp8 && (BN == 96 || BN == 192)), "Hopper prefill: BLOCK_N 64 or 128 (FP8: or 96, 192)");
 static_assert(NWG >= 1 && NWG <= 3, "Hopper prefill: 1 to 3 consumer warpgroups");
 static_assert(!PINGPONG || NWG >= 2, "ping-pong needs two consumer warpgroups");
 static_assert(NST >= 2, "the K/V rings need two stages");
@@ -178,6 +188,9 @@ static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES
               "shared memory");
 typedef wg::sw128<BM> LQ;   // Q and O: [D/64][BM][64]
 typedef wg::sw128<BN> LKV;  // K and V tiles: [D/64][BN][64]
+// BLOCK_N of the 16-bit MMAs: an FP8 build never runs them (96 and 192 keys: FP8 only), but its discarded
+// 16-bit branches still name a type.
+constexpr int BN16 = kFp8 ? 128 : BN;
 
 template <bool V>
 struct kv_tag {
@@ -364,10 +377,16 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::mbar_arrive_expect_tx(full + 8 * s, TILE * EB + (is_v ? 0 : SC_TILE * 4));
         if constexpr (kFp8) {
           if constexpr (is_v) {
-            wg::tma_load_3d(ring + s * TILE, &tm_v, full + 8 * s, row, 0, g);  // V^T: [D][BN] bytes
+#pragma unroll
+            for (int p = 0; p < BN / VT_PANEL; ++p)  // V^T: panels [D][VT_PANEL] bytes
+              wg::tma_load_3d(ring + s * TILE + p * VT_PANEL * D, &tm_v, full + 8 * s, row + p * VT_PANEL, 0, g);
           } else {
             wg::tma_load_3d(ring + s * TILE, &tm_k, full + 8 * s, 0, g, row);
-            if (kKeyScales) wg::tma_load_2d(a_s + 4 * s * SC_TILE, &tm_s, full + 8 * s, 2 * (row & -kFp8Align), g);
+            if (kKeyScales)  // a block past the pack's end arrives as zeros (its keys are masked)
+#pragma unroll
+              for (int b = 0; b < SC_BLOCKS; ++b)
+                wg::tma_load_2d(a_s + 4 * (s * SC_TILE + b * 2 * kFp8Align), &tm_s, full + 8 * s,
+                                2 * ((row & -kFp8Align) + b * kFp8Align), g);
           }
         } else {
 #pragma unroll
@@ -487,15 +506,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           const u16 *q16 = reinterpret_cast<const u16*>(sQs), *k16 = reinterpret_cast<const u16*>(sKs);
 #pragma unroll
           for (int kc = 0; kc < D / 16; ++kc)
-            wg::op<BN, DT>::ss(sacc, wg::desc_k(q16 + LQ::off(64 * grp, kc * 16)), wg::desc_k(k16 + LKV::off(0, kc * 16)), kc);
+            wg::op<BN16, DT>::ss(sacc, wg::desc_k(q16 + LQ::off(64 * grp, kc * 16)), wg::desc_k(k16 + LKV::off(0, kc * 16)), kc);
         }
         wg::commit();
       };
       auto issue_pv = [&](int it, const op_t (&pa)[NPF]) {  // O += P V of tile it
         const unsigned char* sVs = sV + EB * stage(it) * TILE;
-        if constexpr (kFp8) {  // V^T [D][BN]: K-major, keys in steps of 32 bytes
+        if constexpr (kFp8) {  // V^T panels [D][VT_PANEL]: K-major, keys in steps of 32 bytes
 #pragma unroll
-          for (int kk = 0; kk < BN / 32; ++kk) wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + kk * 32, 16, 8 * BN, VT_LAYOUT));
+          for (int kk = 0; kk < BN / 32; ++kk)
+            wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + 32 * kk / VT_PANEL * VT_PANEL * D + 32 * kk % VT_PANEL, 16,
+                                                       8 * VT_PANEL, VT_LAYOUT));
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
 #pragma unroll
@@ -506,14 +527,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // Mask and online softmax (log2 units) of tile it: sacc becomes P; alpha rescales O and l,
       // rs holds this lane's part of P's row sums; vfac: O's extra factor (KV_FP8 >= 2: the ratio
       // of the previous tile's largest V scale to this one's).
-      // Key scales (KV_FP8 >= 2) sit in the stage as [K's, V's] x 128, each in lane order: lane
-      // quad q reads its 32 columns 16 nt + 8 h + 2 q + b at 32 q + 4 nt + 2 h + b, as 8 float4.
-      // A 64-key tile's groups sit at nt + 4 in the second half of its block.
-      auto scales_at = [&](int it) { return sS + stage(it) * SC_TILE + (kw.tile(it) * BN) % kFp8Align / 4; };
-      auto key_scales = [&](int it, int which, int nt) {
-        const float* p = scales_at(it) + which * kFp8Align + 32 * (int)(lane_id() & 3) + 4 * nt;
-        return *reinterpret_cast<const float4*>(p);
+      // Key scales (KV_FP8 >= 2) sit in the stage as SC_BLOCKS x [K's, V's] x 128, each in lane
+      // order: lane quad q reads the 32 columns 16 n + 8 h + 2 q + b of its block at
+      // 32 q + 4 n + 2 h + b, as 8 float4. The tile's group nt is its first block's group
+      // n = nt + (the tile's first key in that block) / 16; n >= 8: group n - 8 of the next block.
+      auto group_at = [&](int it, int which, int nt) {
+        const int n = (kw.tile(it) * BN) % kFp8Align / 16 + nt;
+        return sS + stage(it) * SC_TILE + (SC_BLOCKS > 1 ? (n >> 3) * 2 * kFp8Align : 0) + which * kFp8Align + 4 * (n & 7);
       };
+      auto key_scales = [&](int it, int which, int nt) {
+        return *reinterpret_cast<const float4*>(group_at(it, which, nt) + 32 * (int)(lane_id() & 3));
+      };
+      // The tile's group nt lies in its second 128-key block.
+      auto in_second = [&](int it, int nt) { return SC_BLOCKS > 1 && (kw.tile(it) * BN) % kFp8Align / 16 + nt >= 8; };
       auto pick = [](const float4& v, int e) {
         const int i = (e >> 2) * 2 + (e & 1);
         return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -524,19 +550,28 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
       auto load_groups = [&](int it) {
         if constexpr (kGroupScales) {
-          const float* p = scales_at(it);
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
-            gk[nt] = fmax_(p[4 * nt], 1e-30f);
-            gv[nt] = p[kFp8Align + 4 * nt];
+            gk[nt] = fmax_(*group_at(it, 0, nt), 1e-30f);
+            gv[nt] = *group_at(it, 1, nt);
           }
         }
       };
       auto softmax = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(sacc);
         const int j0 = kw.tile(it) * BN;
-        float v_tile = 1.f;
-        if constexpr (kKeyScales) v_tile = v_max[(i64)u.g * v_max_blocks + (u.k0 + j0) / kFp8Align];
+        // V scales in the stage are relative to their block's largest (v_blk[0], and v_blk[1] for
+        // the second block of a 96- or 192-key tile where it holds keys of the request); v_tile: the larger.
+        float v_tile = 1.f, v_blk[SC_BLOCKS];
+        if constexpr (kKeyScales) {
+          const i64 vb = (i64)u.g * v_max_blocks + (u.k0 + j0) / kFp8Align;
+          v_blk[0] = v_tile = v_max[vb];
+          if constexpr (SC_BLOCKS > 1) {
+            const int next = ((u.k0 + j0) / kFp8Align + 1) * kFp8Align - u.k0;  // the second block's first key
+            v_blk[1] = next < u.sk && next < j0 + BN ? v_max[vb + 1] : 0.f;
+            v_tile = fmax_(v_tile, v_blk[1]);
+          }
+        }
         if constexpr (kGroupScales && !kGroupK) {
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt)
@@ -588,18 +623,23 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             for (int s = 0; s < acc_t::row_slots; ++s) gmax[nt][s] = fmax_(gmax[nt][s], gmax[nt + w][s]);
         // V's factors of this tile (O's unit v_ref, known before S: it does not wait for the max).
         vfac = 1.f;
-        float vc = 1.f;
+        float vc[SC_BLOCKS];  // a block's relative V scales -> O's unit
+#pragma unroll
+        for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = 1.f;
         if constexpr (kGroupScales) {
           // P V in units of v_ref: P times its key's V scale / v_ref (<= 1, so P's e4m3 stays <= 2^8).
-          // The stage holds V's scales relative to the tile's largest, v_tile. The floor keeps an
-          // all-zero-scale start from dividing 0 by 0.
+          // The floor keeps an all-zero-scale start from dividing 0 by 0.
           const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f);
-          vc = v_tile / v_new;
+#pragma unroll
+          for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = v_blk[b] / v_new;
           vfac = v_ref / v_new;
           v_ref = v_new;
         } else if constexpr (kKeyScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
           vfac = v_ref / v_tile;
           v_ref = v_tile;
+          if constexpr (SC_BLOCKS > 1)
+#pragma unroll
+            for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = v_blk[b] / fmax_(v_tile, 1e-30f);
         }
         float msc[acc_t::row_slots];
         bool grow = false;
@@ -632,15 +672,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         for (int s = 0; s < acc_t::row_slots; ++s) rs[s] = 0.f;
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
+          const float vcn = in_second(it, nt) ? vc[SC_BLOCKS - 1] : vc[0];
           float4 vr;
-          if constexpr (kKeyScales && !kGroupScales) vr = key_scales(it, 1, nt);
+          if constexpr (kKeyScales && !kGroupScales) {
+            vr = key_scales(it, 1, nt);
+            if constexpr (SC_BLOCKS > 1) vr = float4{vr.x * vcn, vr.y * vcn, vr.z * vcn, vr.w * vcn};
+          }
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) {
             const int s = acc_t::row_slot(e);
             const float arg = sacc[nt].x[e] * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
             rs[s] += pv;
-            if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vc);
+            if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vcn);
             else if constexpr (kKeyScales) sacc[nt].x[e] = pv * pick(vr, e);
             else sacc[nt].x[e] = pv;
           }
