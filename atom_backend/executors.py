@@ -202,13 +202,16 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
         out.index_copy_(0, rows, os_)
 
 
-def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams, window_work) -> None:
+def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
     from hip_kernels.prefill import varlen_attention
 
     if route.fp8:  # FP8 compute: the cache's e4m3 bytes, no dequantization (docs/fp8.md)
         k, v = _gather.gather_kv_fp8(route, k_cache, v_cache, p.k_scale, p.v_scale), None
+        # the work list of the pack's scale mode: the kernel's tile (BLOCK_M) depends on it
+        window_work = _work(route, q.shape[2], p.window, q.device, k.scale)
     else:
         k, v = _gather.gather_kv(route, k_cache, v_cache, q.dtype, p.k_scale, p.v_scale)
+        window_work = _work(route, q.shape[2], p.window, q.device, None)
     qs, os_, rows = _rows_in(q, out, route.rows)
     res = varlen_attention(qs, k, v, route.cu_seqlens_q, route.cu_seqlens_k, max_seqlen_q=route.max_seqlen_q,
                            max_seqlen_k=route.max_seqlen_k, scale=p.scale, window=p.window, sinks=p.sinks,
@@ -219,14 +222,14 @@ def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams, window_work) ->
         out.index_copy_(0, rows, res)
 
 
-def _work(route, head_dim: int, window: int, device):
-    """Host work list of the varlen kernel for this window, built once per batch."""
-    key = ("work", window)
+def _work(route, head_dim: int, window: int, device, fp8: str | None):
+    """Host work list of the varlen kernel for this window (and FP8 scale mode), built once per batch."""
+    key = ("work", window, fp8)
     if key not in route.cache:
         from hip_kernels.prefill import work_items
 
         route.cache[key] = work_items(route.new.tolist(), route.total.tolist(), head_dim=head_dim,
-                                      window=window, fp8=route.fp8).to(device, non_blocking=True)
+                                      window=window, fp8=fp8).to(device, non_blocking=True)
     return route.cache[key]
 
 
@@ -263,7 +266,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
         with metrics.kernel_timer("varlen"):
             if _md._KERNEL_STATE.get("varlen") is None:
                 try:
-                    _gpu_varlen(md.varlen, q, out, k_cache, v_cache, p, _work(md.varlen, q.shape[2], p.window, q.device))
+                    _gpu_varlen(md.varlen, q, out, k_cache, v_cache, p)
                 except RuntimeError as e:
                     _md.mark_kernel_failed("varlen", f"{type(e).__name__}: {e}")
                     _gpu_unified(md.varlen, q, out, k_cache, v_cache, p)

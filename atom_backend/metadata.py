@@ -114,9 +114,8 @@ class Route:
     gather_blocks: torch.Tensor | None = None  # CPU gather: physical block of each packed key
     gather_offsets: torch.Tensor | None = None
     # FP8 compute (plan.varlen_fp8): each request's first row in the packed e4m3 K/V (multiples of
-    # 128, hip_kernels.gather.fp8_padded_starts) and the packed row count; fp8: the cache's scale
-    # mode (the FP8 kernel's tile depends on it), None for 16-bit compute
-    fp8: str | None = None
+    # 128, hip_kernels.gather.fp8_padded_starts) and the packed row count
+    fp8: bool = False
     cu_kp: torch.Tensor | None = None
     total_pad: int = 0
     cache: dict = field(default_factory=dict)  # built by the first layer for all: work lists, the decode plan
@@ -411,7 +410,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
                 from hip_kernels.gather import fp8_padded_starts
 
                 cu_kp = fp8_padded_starts(r_total.tolist())
-                r.fp8, r.total_pad = self.facts.kv_scale_mode, cu_kp[-1]
+                r.fp8, r.total_pad = True, cu_kp[-1]
                 r.cu_kp = torch.tensor(cu_kp, dtype=torch.int32).to(dev, non_blocking=True)
             if self.on_cpu:
                 # (block, offset) of every packed key, computed once for all layers.

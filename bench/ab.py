@@ -141,7 +141,12 @@ def main(argv=None):
                 for name in rotated(names, rnd):
                     use(name)
                     fn = make_fn()
-                    fn()
+                    try:
+                        fn()
+                    except RuntimeError as e:  # KernelError (compile) and launch failures
+                        # the tile tables are the working tree's for every variant: a base from before
+                        # a declared tile (FP8 per tensor: 96-key tiles, stop 36) cannot build it
+                        raise SystemExit(f"{name} cannot run {label!r} with the declared tiles: {e}")
                     torch.cuda.synchronize()
                     tf.setdefault((label, name), []).append(bp.tflops(pairs, d, hq, bench_ms(fn, rep_ms=100)))
         print(f"\n| shape | {' | '.join(names)} | base' / base | work / base |")

@@ -200,6 +200,7 @@ def test_fp8_config_and_errors():
     assert prefill.config_for(128, 0, "sm_90a", fp8="per_tensor").block_m == 192
     items = prefill.work_items([300], [300], head_dim=128, arch="sm_90a", fp8="per_tensor")
     assert items.shape[0] == 2
+    assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys()  # fp8_compute_available reads one
     with pytest.raises(ValueError, match="scale mode"):  # the tile depends on the mode: a bool is not enough
         prefill.config_for(128, 0, "sm_90a", fp8=True)
     with pytest.raises(ValueError, match="FP8-compute"):
