@@ -95,7 +95,7 @@ def run_sdpa(seqs, q, k, v, backend):
         return expanded
 
 
-def run_flex(seqs, q, k, v, sinks_free=True):
+def run_flex(seqs, q, k, v, sinks_free=True, softcap=0.0):
     from torch.nn.attention.flex_attention import create_block_mask
 
     from bench.common import compiled_flex
@@ -111,9 +111,13 @@ def run_flex(seqs, q, k, v, sinks_free=True):
     def causal(b, h, qi, ki):
         return ki <= qi + off
 
+    def capped(score, b, h, qi, ki):  # DESIGN.md's soft-cap, as Gemma-2 runs it on FlexAttention
+        return softcap * torch.tanh(score / softcap)
+
     bm = create_block_mask(causal, None, None, sq, sk, device=q.device)
     f = compiled_flex()
-    fn = lambda: f(qd, kd, vd, block_mask=bm, enable_gqa=hq != hk)
+    mod = capped if softcap else None
+    fn = lambda: f(qd, kd, vd, score_mod=mod, block_mask=bm, enable_gqa=hq != hk)
     fn()
     return fn
 
@@ -276,6 +280,7 @@ SHAPES = [
     ("causal 32/8 d128 1x16k", [(16384, 16384)], 32, 8, 128, {}),
     ("gpt-oss 64/8 d64 sinks 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True}),
     ("gpt-oss 64/8 d64 sinks+win128 4x4k", [(4096, 4096)] * 4, 64, 8, 64, {"sinks": True, "window": 128}),
+    ("gemma-2 softcap 50 32/16 d128 4x4k", [(4096, 4096)] * 4, 32, 16, 128, {"softcap": 50.0}),
     ("prefix sk=4sq 32/8 d128 16x1k/4k", [(1024, 4096)] * 16, 32, 8, 128, {}),
     ("prefix sk=4sq 32/8 d128 4x4k/16k", [(4096, 16384)] * 4, 32, 8, 128, {}),
     ("mixed 32/8 d128 16k tokens", [(8192, 8192), (4096, 6000), (2048, 2048), (1024, 3000), (512, 512)]
@@ -380,12 +385,13 @@ def main(argv=None):
                     measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, "dequant gather+bf16")
                 del cache
         dense = all(s == seqs[0] for s in seqs)
-        if dense and seqs[0][0] == seqs[0][1] and "window" not in kw:
-            # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison.
+        if dense and seqs[0][0] == seqs[0][1] and "window" not in kw and "softcap" not in kw:
+            # Peers run without sinks (the flash/cuDNN backends have none): DESIGN's comparison. They have
+            # no soft-cap either; FlexAttention's score_mod does (the soft-cap shape's peer).
             for be in ("flash", "cudnn"):
                 _measure_built(label, lambda be=be: run_sdpa(seqs, q, k, v, be), pairs, d, hq, rows, f"sdpa-{be}")
         if dense and not args.no_flex and "window" not in kw:
-            _measure_built(label, lambda: run_flex(seqs, q, k, v), pairs, d, hq, rows, "flex")
+            _measure_built(label, lambda: run_flex(seqs, q, k, v, softcap=kw.get("softcap", 0.0)), pairs, d, hq, rows, "flex")
         if have_unified and all(b % 16 == 0 for _, b in seqs):
             _measure_built(label, lambda: run_unified(seqs, q, k, v, cu_q, **okw), pairs, d, hq, rows, "triton-unified")
         del q, k, v

@@ -358,11 +358,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(NUM_THREADS) splitkv_decode(
       for (int r = 0; r < ROWS; ++r) {
         float x = sc[u][r];
         if (KV_NEEDS_FACTOR) x *= kfac;
-        if (softcap_l2e > 0.f) {
-          // c * tanh(x / c), in log2 units; tanh(y) = 1 - 2 / (exp(2y) + 1) saturates cleanly.
-          const float e2 = atom::exp2_(x * inv_softcap * 2.8853900817779268f);
-          x = softcap_l2e * (1.f - 2.f / (e2 + 1.f));
-        }
+        if (softcap_l2e > 0.f) x = softcap_l2e * atom::tanh_(x * inv_softcap);  // c * tanh(x / c), in log2 units
         sc[u][r] = x;
       }
     }

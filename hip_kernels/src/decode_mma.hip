@@ -534,10 +534,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
         const int kc = 16 * n + acc_t::get_j(e);
         float x = sc[n].x[e] * s_scale;
         if (FP8 && per_page) x *= fac[kc];
-        if (softcap_l2e > 0.f) {
-          const float e2 = atom::exp2_(x * inv_softcap * 2.8853900817779268f);
-          x = softcap_l2e * (1.f - 2.f / (e2 + 1.f));
-        }
+        if (softcap_l2e > 0.f) x = softcap_l2e * atom::tanh_(x * inv_softcap);  // c * tanh(x / c), in log2 units
         if (!all_visible) {
           const int v = vbase + kc;
           const int j = key_of(v);

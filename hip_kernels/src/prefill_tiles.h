@@ -66,12 +66,4 @@ ATOM_DEV float exp2_fma(float x) {
   return x < -126.f ? 0.f : r;
 }
 
-// c * tanh(x) with tanh from exp2 (|error| ~1e-6 relative, far under bf16 rounding).
-ATOM_DEV float softcap_fn(float x, float c) {
-  const float ax = fmin_(x < 0.f ? -x : x, 15.f);
-  const float e = exp2_(ax * (2.f * kLog2e));
-  const float t = 1.f - 2.f / (e + 1.f);
-  return c * (x < 0.f ? -t : t);
-}
-
 }  // namespace atom_prefill

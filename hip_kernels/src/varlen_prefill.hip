@@ -216,15 +216,16 @@ ATOM_DEV void mask_tile(acc_t (&sa)[BN / 16], const tile_mask& mk) {
 }
 
 // 16-bit: mask and online softmax (log2 units) of one 16-row tile's S, O's rescale, P as 16-bit
-// operands. a_log2: the softmax scale in log2 units (scale / softcap with the soft-cap).
+// operands. a_log2: the softmax scale in log2 units (scale / softcap with the soft-cap: S becomes
+// tanh(S a_log2), which c_log2 takes to log2 units).
 ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D / 16], float (&m_run)[acc_t::row_slots],
                         float (&l_run)[acc_t::row_slots], const tile_mask& mk, float a_log2, float c_log2) {
-  const float a_eff = SOFTCAP ? 1.f : a_log2;
+  const float a_eff = SOFTCAP ? c_log2 : a_log2;
 #if SOFTCAP
 #pragma unroll
   for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-    for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = softcap_fn(sa[nt].x[e] * a_log2, c_log2);
+    for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = tanh_(sa[nt].x[e] * a_log2);
 #else
   (void)c_log2;
 #endif
@@ -336,9 +337,9 @@ ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)
                           float (&l_run)[acc_t::row_slots], const float (&a_row)[acc_t::row_slots], const fp8_tile& t,
                           const tile_mask& mk, float c_log2) {
   constexpr int RS = acc_t::row_slots;
-  float a_eff[RS];  // after the soft-cap, which takes the scale first
+  float a_eff[RS];  // S's multiplier to log2 units after the soft-cap (which takes the scale first)
 #pragma unroll
-  for (int s = 0; s < RS; ++s) a_eff[s] = SOFTCAP ? 1.f : a_row[s];
+  for (int s = 0; s < RS; ++s) a_eff[s] = SOFTCAP ? c_log2 : a_row[s];
   if constexpr (KV_FP8 == 2) {
 #pragma unroll
     for (int nt = 0; nt < BN / 16; ++nt)
@@ -354,7 +355,7 @@ ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)
 #pragma unroll
   for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-    for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = softcap_fn(sa[nt].x[e] * a_row[acc_t::row_slot(e)], c_log2);
+    for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = tanh_(sa[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #else
   (void)c_log2;
 #endif
@@ -520,7 +521,7 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
 #else
   constexpr bool kSoftcap = false;
 #endif
-  const float a_eff = kSoftcap ? 1.f : a_log2;
+  const float a_eff = kSoftcap ? c_log2 : a_log2;  // S's multiplier to log2 units (soft-cap: S is tanh(S a_log2))
   // FP8: per-tensor scales (K's joins the softmax scale, V's the epilogue's); a_row: a row's scale
   // of S in log2 units, times Q's row scale and K's per-tensor one once Q is quantized; v_ref: the
   // V scale O's accumulator is in units of (KV_FP8 >= 2).

@@ -457,7 +457,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int wp_first = off + u.m0 + 64 * grp / G, wp_last = off + u.m0 + (64 * grp + 63) / G;
       int tok[acc_t::row_slots], head[acc_t::row_slots], pos[acc_t::row_slots];
       // a_row: the row's scale of S in log2 units (FP8: times Q's scale and K's per-tensor one, once
-      // Q is quantized); a_eff: the same after the soft-cap (which takes the scale first).
+      // Q is quantized); a_eff: S's multiplier to log2 units after the soft-cap (S = tanh(S a_row)
+      // there, times the cap c_log2).
       float a_row[acc_t::row_slots], a_eff[acc_t::row_slots];
 #pragma unroll
       for (int s = 0; s < acc_t::row_slots; ++s) {
@@ -589,7 +590,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-          for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = softcap_fn(sacc[nt].x[e] * a_row[acc_t::row_slot(e)], c_log2);
+          for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #endif
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
 #pragma unroll
@@ -759,7 +760,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         for (int s = 0; s < acc_t::row_slots; ++s) a_row[s] *= sQsc[64 * grp + 16 * warp + acc_t::slot_row(s)] * k_scale;
       }
 #pragma unroll
-      for (int s = 0; s < acc_t::row_slots; ++s) a_eff[s] = kSoftcap ? 1.f : a_row[s];
+      for (int s = 0; s < acc_t::row_slots; ++s) a_eff[s] = kSoftcap ? c_log2 : a_row[s];
       if (n_iter == 0) {
         if (!kFp8) free_q();
       } else {
