@@ -93,7 +93,8 @@ class Config:
 
 
 # Measured on H100 (docs/perf/prefill.md, bench.prefill --sweep); sm_90a registers: ~245 (d=64, two
-# row tiles per warp), ~222 (d=128), ~250 (d=256, Q re-read from shared memory); no spills.
+# row tiles per warp), ~222 (d=128), ~250 (d=256, Q re-read from shared memory); no spills, but for
+# the soft-cap at d=64 (28 bytes since the cap's multiplier joined the exp2's, stop 37; untimed).
 CONFIGS = {64: Config(4, 64, 2, 2), 128: Config(8, 64, 3), 256: Config(8, 32, 2)}
 # Sliding windows up to this many keys: a CTA's rows see about BLOCK_M + W keys, so shorter row
 # tiles waste fewer masked pairs (gpt-oss W=128, d=64: 90 vs 64 TFLOP/s on H100).

@@ -24,6 +24,11 @@ def test_summary_is_medians_and_ratios_to_the_first():
     assert row["work"][0] == 120.0 and row["work"][1] == pytest.approx(1.2)
 
 
+def test_summary_leaves_out_a_shape_a_variant_could_not_build():
+    tf = {("s", "base"): [100.0], ("s", "work"): [110.0], ("t", "work"): [50.0]}
+    assert list(ab.summary(tf, ["base", "work"])) == ["s"]
+
+
 def test_defines_need_name_and_value():
     assert ab._defines(["UNIT_SLOTS=1", "MAX=4"]) == (("UNIT_SLOTS", "1"), ("MAX", "4"))
     for bad in (["UNIT_SLOTS"], ["=1"], ["X="]):

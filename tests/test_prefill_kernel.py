@@ -39,6 +39,8 @@ CASES = {
     "sinks_full": ([(250, 250), (10, 333)], 8, 1, 128, {"sinks": True}),
     "softcap": ([(200, 200), (50, 300), (1, 99)], 4, 2, 128, {"softcap": 30.0}),
     "softcap_window_sinks": ([(200, 200), (3, 250)], 8, 2, 64, {"softcap": 20.0, "window": 48, "sinks": True}),
+    # logits ~ N(0, 64) against a cap of 2: tanh saturated, not the near-linear part the caps above see
+    "softcap_saturated": ([(200, 200), (40, 300), (1, 77)], 8, 2, 64, {"softcap": 2.0, "scale": 1.0, "sinks": True}),
     "non_causal": ([(100, 100), (40, 300), (1, 70)], 4, 2, 128, {"causal": False}),
     "non_causal_window": ([(150, 150), (20, 200)], 4, 4, 64, {"causal": False, "window": 50}),
     "scale": ([(130, 200)], 4, 2, 64, {"scale": 0.3}),

@@ -187,7 +187,7 @@ ATOM_DEV float tanh_(float x) {
 #else
   const float e = __builtin_amdgcn_exp2f(__builtin_fminf(__builtin_fabsf(x), 15.f) * 2.8853900817779268f);
   const float t = 1.f - 2.f * __builtin_amdgcn_rcpf(e + 1.f);
-  return x < 0.f ? -t : t;
+  return x != x ? x : x < 0.f ? -t : t;  // NaN stays NaN, as NVIDIA's
 #endif
 }
 constexpr float kLog2e = 1.4426950408889634f;

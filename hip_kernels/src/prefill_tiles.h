@@ -1,6 +1,6 @@
 // Pieces every varlen prefill body shares (varlen_prefill.hip, varlen_prefill_hopper.hip): which
-// KV tiles a block of query rows visits, which elements of a tile are visible (DESIGN.md), and
-// the soft-cap. Bodies differ in how they move and multiply tiles, never in these rules.
+// KV tiles a block of query rows visits and which elements of a tile are visible (DESIGN.md), and
+// exp2 on the FMA pipe. Bodies differ in how they move and multiply tiles, never in these rules.
 #pragma once
 
 #include "atom_device.h"

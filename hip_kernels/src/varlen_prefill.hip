@@ -216,8 +216,8 @@ ATOM_DEV void mask_tile(acc_t (&sa)[BN / 16], const tile_mask& mk) {
 }
 
 // 16-bit: mask and online softmax (log2 units) of one 16-row tile's S, O's rescale, P as 16-bit
-// operands. a_log2: the softmax scale in log2 units (scale / softcap with the soft-cap: S becomes
-// tanh(S a_log2), which c_log2 takes to log2 units).
+// operands. a_log2: S's multiplier, scale * log2(e); with the soft-cap scale / softcap, S becomes
+// tanh(S a_log2) and c_log2 (softcap * log2(e)) takes it to log2 units.
 ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D / 16], float (&m_run)[acc_t::row_slots],
                         float (&l_run)[acc_t::row_slots], const tile_mask& mk, float a_log2, float c_log2) {
   const float a_eff = SOFTCAP ? c_log2 : a_log2;
@@ -226,8 +226,6 @@ ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D
   for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
     for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = tanh_(sa[nt].x[e] * a_log2);
-#else
-  (void)c_log2;
 #endif
   if (mk.need) mask_tile(sa, mk);
 
@@ -356,8 +354,6 @@ ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)
   for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
     for (int e = 0; e < acc_t::ne; ++e) sa[nt].x[e] = tanh_(sa[nt].x[e] * a_row[acc_t::row_slot(e)]);
-#else
-  (void)c_log2;
 #endif
   if (mk.need) mask_tile(sa, mk);
   float mx[RS], msc[RS], alpha[RS], rs[RS];
