@@ -155,6 +155,16 @@ ATOM_DEV float fabs_(float a) { return __builtin_fabsf(a); }
 ATOM_DEV float rint_(float a) { return __builtin_rintf(a); }
 #endif
 
+// Abort the kernel: a code path the host never selects on this target (NVRTC has no
+// __builtin_trap; clang's AMDGPU back end has no __trap).
+ATOM_DEV void trap_() {
+#if ATOM_NVIDIA
+  __trap();
+#else
+  __builtin_trap();
+#endif
+}
+
 // 2^x, fast hardware approximation (~1 ulp); exp2(-inf) = 0.
 ATOM_DEV float exp2_(float x) {
 #if ATOM_NVIDIA

@@ -325,7 +325,7 @@ ATOM_DEV void mma(acc_t& c, const op_t& a, const op_t& b) {
   }
 #else
   (void)c; (void)a; (void)b;
-  __builtin_trap();
+  trap_();
 #endif
 }
 
@@ -346,7 +346,7 @@ ATOM_DEV void mma_fp8(acc_t& c, const op_t& a, const op_t& b) {
   mfma_out(c, __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(__builtin_bit_cast(long, ub), __builtin_bit_cast(long, ua), mfma_in(c), 0, 0, 0));
 #else
   (void)c; (void)a; (void)b;
-  __builtin_trap();
+  trap_();
 #endif
 }
 

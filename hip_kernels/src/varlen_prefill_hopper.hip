@@ -902,6 +902,6 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
   (void)o; (void)lse; (void)cu_q; (void)cu_k; (void)work; (void)sched; (void)sinks;
   (void)o_st; (void)o_sh; (void)n_items; (void)hq_i; (void)batch_i; (void)q_per_kv_i; (void)max_tiles_i;
   (void)causal_i; (void)window_i; (void)sink_tok_i; (void)pack_i; (void)a_log2; (void)c_log2;
-  __builtin_trap();  // no wgmma / TMA on this target: the launcher never selects this kernel here
+  trap_();  // no wgmma / TMA on this target: the launcher never selects this kernel here
 #endif
 }
