@@ -145,7 +145,7 @@ def _fp8_configs(arch: str | None, scale: str = "per_page") -> dict:
 def _fp8_scale(fp8) -> str | None:
     """A config_for / work_items `fp8` argument: None (16-bit compute) or a KV_FP8_MODES name (the
     scale mode of the pack: the tile depends on it)."""
-    if fp8 is None or fp8 is False:
+    if fp8 is None:
         return None
     if fp8 not in KV_FP8_MODES:
         raise ValueError(f"fp8 must be None or the pack's scale mode, one of {tuple(KV_FP8_MODES)}; got {fp8!r}")

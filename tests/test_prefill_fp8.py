@@ -201,8 +201,9 @@ def test_fp8_config_and_errors():
     items = prefill.work_items([300], [300], head_dim=128, arch="sm_90a", fp8="per_tensor")
     assert items.shape[0] == 2
     assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys()  # fp8_compute_available reads one
-    with pytest.raises(ValueError, match="scale mode"):  # the tile depends on the mode: a bool is not enough
-        prefill.config_for(128, 0, "sm_90a", fp8=True)
+    for flag in (True, False):  # the tile depends on the mode: a bool is not enough (16-bit is None)
+        with pytest.raises(ValueError, match="scale mode"):
+            prefill.config_for(128, 0, "sm_90a", fp8=flag)
     with pytest.raises(ValueError, match="FP8-compute"):
         prefill.config_for(64, 0, "sm_90a", fp8="per_page")
     with pytest.raises(ValueError, match="FP8-compute"):
