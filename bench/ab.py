@@ -85,7 +85,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=6, help="a multiple of 3: each variant leads equally often")
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the work variant")
-    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes")
+    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes and the soft-cap one")
     ap.add_argument("--fp8-config", default=None, help="FIELD=INT,... of the work variant's FP8 tile (prefill.Config)")
     args = ap.parse_args(argv)
 
@@ -133,11 +133,11 @@ def main(argv=None):
                 okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
             pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
             runs.append((label, lambda s=seqs, t=(q, k, v, cu_q, cu_k), o=okw: bp.run_ours(s, *t, **o), pairs, d, hq))
-            if args.fp8 and label in bp.FP8_SHAPES:
+            if args.fp8 and (label in bp.FP8_SHAPES or "softcap" in kw):
                 for per_page, tag in ((True, "fp8"), (False, "fp8 per tensor")):
                     cache = bp.fp8_paged(k, v, seqs, per_page=per_page)
-                    runs.append((f"{label} {tag}", lambda s=seqs, c=cache, qq=q: bp.run_fp8(s, qq, c, with_gather=False),
-                                 pairs, d, hq))
+                    runs.append((f"{label} {tag}", lambda s=seqs, c=cache, qq=q, o=dict(kw):
+                                 bp.run_fp8(s, qq, c, with_gather=False, **o), pairs, d, hq))
         names = list(variants)
         tf, dropped = {}, set()
         for rnd in range(args.rounds):

@@ -180,8 +180,9 @@ def fp8_paged(k, v, seqs, page_size=16, per_page=True):
     return k_cache, v_cache, table, cu_k, scales
 
 
-def run_fp8(seqs, q, cache, *, with_gather: bool):
-    """FP8 compute: (gather_kv_fp8 when with_gather) + the FP8 kernel, Q quantized inside."""
+def run_fp8(seqs, q, cache, *, with_gather: bool, **kw):
+    """FP8 compute: (gather_kv_fp8 when with_gather) + the FP8 kernel, Q quantized inside; kw: the
+    kernel's options (softcap)."""
     from hip_kernels import gather
 
     k_cache, v_cache, table, cu_k, scales = cache
@@ -196,7 +197,7 @@ def run_fp8(seqs, q, cache, *, with_gather: bool):
     out = torch.empty_like(q)
     mq, mk = max(a for a, _ in seqs), max(sk)
     attend = lambda p: prefill.varlen_attention(q, p, None, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,
-                                                work=work)
+                                                work=work, **kw)
     if with_gather:
         return lambda: attend(pack())
     return lambda: attend(packed)
@@ -375,12 +376,13 @@ def main(argv=None):
             if wbase is not None:
                 prefill.WINDOW_CONFIGS[d] = wbase
             prefill.WGMMA_CONFIGS = wg
-        if label in FP8_SHAPES and not args.no_fp8 and prefill.fp8_compute_available(d, prefill._default_arch()):
+        fp8_kw = {"softcap": kw["softcap"]} if "softcap" in kw else {}  # Gemma-2 with an FP8 KV cache
+        if (label in FP8_SHAPES or fp8_kw) and not args.no_fp8 and prefill.fp8_compute_available(d, prefill._default_arch()):
             for per_page in (True, False):
                 mode = "per_page" if per_page else "per_tensor"
                 cache = fp8_paged(k, v, seqs, per_page=per_page)
-                measure(label, run_fp8(seqs, q, cache, with_gather=False), pairs, d, hq, rows, f"fp8 {mode}")
-                if per_page:
+                measure(label, run_fp8(seqs, q, cache, with_gather=False, **fp8_kw), pairs, d, hq, rows, f"fp8 {mode}")
+                if per_page and label in FP8_SHAPES:
                     measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows, "fp8 gather+kernel")
                     measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, "dequant gather+bf16")
                 del cache

@@ -354,6 +354,8 @@ FP8_CASES = {
     "sink_tokens_8": ([(300, 300), (40, 500), (1, 129)], 4, 2, {"window": 100, "sink_tokens": 8}),
     "sinks": ([(250, 250), (10, 333)], 8, 1, {"sinks": True}),
     "softcap_window_sinks": ([(200, 200), (3, 250)], 8, 2, {"softcap": 20.0, "window": 48, "sinks": True}),
+    # Tiles with no masked key (rows far below the diagonal): per tensor caps those after the row max.
+    "softcap_prefix": ([(100, 700), (300, 300)], 8, 2, {"softcap": 30.0}),
     "non_causal": ([(100, 100), (40, 300), (1, 70)], 4, 2, {"causal": False}),
 }
 
@@ -372,7 +374,8 @@ def test_fp8_prefill_vs_reference(name, per_page, page_size, body):
                          ids=["3wg_n64", "2wg_n64", "3wg_n96", "2wg_n192"])
 @pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
                          ids=["per_page16", "per_key", "per_tensor"])
-@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks"])
+@pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks",
+                                  "softcap_prefix"])
 def test_fp8_hopper_key_tiles(name, per_page, page_size, cfg, monkeypatch):
     """The Hopper kernel's other FP8 tiles, in every scale mode (bench.ab --fp8-config): 64 keys (V^T
     rows of one 64-byte swizzle panel, a stage's scales the half of a 128-key block), 96 (panels of

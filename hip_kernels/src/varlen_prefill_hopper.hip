@@ -141,6 +141,11 @@ constexpr bool kKeyScales = KV_FP8 >= 2;
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;
 constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds scales the softmax reads
+// Per-tensor FP8 with the soft-cap: a tile without masked keys takes its row maxes on S as it
+// stands (tanh increases), caps each row's max once and each score in the exp2 loop, where the
+// MUFU.TANH sits beside the exp2 instead of before the max tree (1.05-1.07x on H100). Other
+// builds cap first: per page spills with it, and 16-bit compute gains nothing (stop 37).
+[[maybe_unused]] constexpr bool kLateCap = SOFTCAP && KV_FP8 == 1;
 constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
 // Two P operand buffers (FP8: 16 more registers), which two consumer warpgroups have (per page a
 // few words spill outside the loop; 1.04-1.10x on H100). The 16-bit P's 32 more spill 64-348
@@ -532,15 +537,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // order: lane quad q reads the 32 columns 16 n + 8 h + 2 q + b of its block at
       // 32 q + 4 n + 2 h + b, as 8 float4. The tile's group nt is its first block's group
       // n = nt + (the tile's first key in that block) / 16; n >= 8: group n - 8 of the next block.
+      // The tile's 16-key group nt, counted from its first 128-key block's first group.
+      auto block_group = [&](int it, int nt) { return (kw.tile(it) * BN) % kFp8Align / 16 + nt; };
       auto group_at = [&](int it, int which, int nt) {
-        const int n = (kw.tile(it) * BN) % kFp8Align / 16 + nt;
+        const int n = block_group(it, nt);
         return sS + stage(it) * SC_TILE + (SC_BLOCKS > 1 ? (n >> 3) * 2 * kFp8Align : 0) + which * kFp8Align + 4 * (n & 7);
       };
       auto key_scales = [&](int it, int which, int nt) {
         return *reinterpret_cast<const float4*>(group_at(it, which, nt) + 32 * (int)(lane_id() & 3));
       };
       // The tile's group nt lies in its second 128-key block.
-      auto in_second = [&](int it, int nt) { return SC_BLOCKS > 1 && (kw.tile(it) * BN) % kFp8Align / 16 + nt >= 8; };
+      auto in_second = [&](int it, int nt) { return SC_BLOCKS > 1 && block_group(it, nt) >= 8; };
       auto pick = [](const float4& v, int e) {
         const int i = (e >> 2) * 2 + (e & 1);
         return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -587,10 +594,13 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
         }
 #if SOFTCAP
+        // A masked tile caps first: tanh(-inf) = -1 would make a masked key visible.
+        const bool late = kLateCap && !tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S);
+        if (!late)
 #pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt)
+          for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-          for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
+            for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #endif
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
 #pragma unroll
@@ -622,6 +632,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int nt = 0; nt + w < BN / 16; nt += 2 * w)
 #pragma unroll
             for (int s = 0; s < acc_t::row_slots; ++s) gmax[nt][s] = fmax_(gmax[nt][s], gmax[nt + w][s]);
+#if SOFTCAP
+        if (late)
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) gmax[0][s] = tanh_(gmax[0][s] * a_row[s]);
+#endif
         // V's factors of this tile (O's unit v_ref, known before S: it does not wait for the max).
         vfac = 1.f;
         float vc[SC_BLOCKS];  // a block's relative V scales -> O's unit
@@ -682,7 +697,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int e = 0; e < acc_t::ne; ++e) {
             const int s = acc_t::row_slot(e);
-            const float arg = sacc[nt].x[e] * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
+            float x = sacc[nt].x[e];
+#if SOFTCAP
+            if (late) x = tanh_(x * a_row[s]);
+#endif
+            const float arg = x * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
             rs[s] += pv;
             if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vcn);
