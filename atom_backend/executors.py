@@ -6,7 +6,8 @@ or the Triton ``atom_backend.unified.paged_decode`` when the plan says unified d
 prefill -> ``atom_backend.gather`` then ``hip_kernels.prefill.varlen_attention``; unified
 prefill -> ``atom_backend.unified.paged_attention`` straight over the pages. A compiled kernel
 that fails at run time (compile error, missing toolchain) sends its requests to the Triton
-path, counted (``metrics.record_fallback``) and remembered for later batches.
+path (FP8 compute first to the dequantizing gather + 16-bit kernel), counted
+(``metrics.record_fallback``) and remembered: later batches are planned without it.
 
 CPU: the same three routes in plain torch, following ``atom_backend.reference`` (DESIGN.md)
 but batched per sequence with matmuls instead of element loops: decode computes fp32 partials
@@ -202,10 +203,10 @@ def _gpu_hip_decode(route, q, out, k_cache, v_cache, p: LayerParams, num_splits:
         out.index_copy_(0, rows, os_)
 
 
-def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
+def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams, fp8: bool) -> None:
     from hip_kernels.prefill import varlen_attention
 
-    if route.fp8:  # FP8 compute: the cache's e4m3 bytes, no dequantization (docs/fp8.md)
+    if fp8:  # FP8 compute: the cache's e4m3 bytes, no dequantization (docs/fp8.md)
         k, v = _gather.gather_kv_fp8(route, k_cache, v_cache, p.k_scale, p.v_scale), None
         # the work list of the pack's scale mode: the kernel's tile (BLOCK_M) depends on it
         window_work = _work(route, q.shape[2], p.window, q.device, k.scale)
@@ -220,6 +221,21 @@ def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
         os_.copy_(res)
     else:
         out.index_copy_(0, rows, res)
+
+
+def _gpu_varlen_or_fallback(route, q, out, k_cache, v_cache, p: LayerParams, state) -> None:
+    """The varlen route: FP8 compute if planned, else (or once it failed) the dequantizing gather
+    + 16-bit kernel, else (once that failed) the Triton path over the pages. A failure is
+    recorded (state.mark_kernel_failed) and the builder plans later batches without it."""
+    fp8 = route.fp8 and state._KERNEL_STATE.get("varlen_fp8") is None
+    while state._KERNEL_STATE.get("varlen") is None:
+        try:
+            _gpu_varlen(route, q, out, k_cache, v_cache, p, fp8)
+            return
+        except RuntimeError as e:  # KernelError and launch failures
+            state.mark_kernel_failed("varlen_fp8" if fp8 else "varlen", f"{type(e).__name__}: {e}")
+            fp8 = False
+    _gpu_unified(route, q, out, k_cache, v_cache, p)
 
 
 def _work(route, head_dim: int, window: int, device, fp8: str | None):
@@ -264,14 +280,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
                                    md.split_rule)
     if md.varlen is not None:
         with metrics.kernel_timer("varlen"):
-            if _md._KERNEL_STATE.get("varlen") is None:
-                try:
-                    _gpu_varlen(md.varlen, q, out, k_cache, v_cache, p)
-                except RuntimeError as e:
-                    _md.mark_kernel_failed("varlen", f"{type(e).__name__}: {e}")
-                    _gpu_unified(md.varlen, q, out, k_cache, v_cache, p)
-            else:
-                _gpu_unified(md.varlen, q, out, k_cache, v_cache, p)
+            _gpu_varlen_or_fallback(md.varlen, q, out, k_cache, v_cache, p, _md)
     if md.unified is not None:
         with metrics.kernel_timer("unified"):
             _gpu_unified(md.unified, q, out, k_cache, v_cache, p)

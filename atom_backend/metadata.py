@@ -144,7 +144,8 @@ class AtomMetadata:
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
 
 
-_KERNEL_STATE: dict[str, str | None] = {}  # "varlen"/"splitkv" -> None (usable) or why not
+# "varlen" / "splitkv" / "varlen_fp8" (FP8 compute inside varlen) -> None (usable) or why not
+_KERNEL_STATE: dict[str, str | None] = {}
 
 
 def kernel_unavailable(path: str) -> str | None:
@@ -170,13 +171,25 @@ def kernel_unavailable(path: str) -> str | None:
 
 
 def mark_kernel_failed(path: str, why: str) -> None:
-    """A kernel failed at run time (e.g. compile error): later batches plan around it."""
+    """A kernel failed at run time (e.g. compile error): later batches plan around it (their
+    requests counted with reason kernel_unavailable: without_failed_kernels)."""
     _KERNEL_STATE[path] = why
     _fallback(Reason.NO_KERNEL.value, path, why)
 
 
+def without_failed_kernels(platform: _planner.Platform) -> _planner.Platform:
+    """`platform` less the kernels that failed at run time (mark_kernel_failed)."""
+    failed = {k for k, why in _KERNEL_STATE.items() if why is not None}
+    now = dict(varlen_kernel=platform.varlen_kernel and "varlen" not in failed,
+               splitkv_kernel=platform.splitkv_kernel and "splitkv" not in failed,
+               varlen_fp8_caps=None if "varlen_fp8" in failed else platform.varlen_fp8_caps)
+    if all(getattr(platform, k) is v for k, v in now.items()):
+        return platform  # the same object: caches keyed on it stay valid
+    return replace(platform, **now)
+
+
 def _fallback(reason: str, path: str, why: str) -> None:
-    logger.debug("atom: %s kernel unavailable (%s), its requests go to the Triton unified path", path, why)
+    logger.debug("atom: %s kernel unavailable (%s), its requests go to the next path", path, why)
     if _metrics is not None:
         _metrics.record_fallback(reason, path)
 
@@ -289,6 +302,10 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         return b
 
     def _setup(self, device, platform, counter_file) -> None:
+        if self.facts.kv_scale_mode == "per_page":
+            # LayerParams carries vLLM's per-tensor scales only; a per-page cache would be read with those
+            raise _planner.PlanError("the backend's executors take per-tensor KV scales (vLLM's); per-page scales "
+                                     "are for hip_kernels.gather / hip_kernels.prefill callers")
         self.on_cpu = device.type == "cpu"
         self.platform = platform
         self._warned_sync = False
@@ -349,6 +366,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         total = self._host_seq_lens(cm)
         cached = np.maximum(total - new, 0)
         t0 = time.perf_counter()
+        if _KERNEL_STATE:  # a kernel that failed at run time since this builder was made
+            self.platform = without_failed_kernels(self.platform)
         p = plan(new, cached, self.facts, self.platform, self.config)
         dt = time.perf_counter() - t0
         if _metrics is not None:

@@ -374,8 +374,8 @@ def record_plan(plan: Any, seconds: float) -> None:
 
 
 def record_fallback(reason: str, path: str) -> None:
-    """Count a run-time fallback (e.g. a kernel failed to load, so `path` ran instead) and
-    log it: a warning the first time per (reason, path), debug after that."""
+    """Count a run-time fallback (e.g. the kernel of `path` failed to load; its requests ran on
+    the next path) and log it: a warning the first time per (reason, path), debug after that."""
     key = (str(reason), str(path))
     if key in _logged_fallbacks:
         logger.debug("atom-backend fallback to %s: %s", path, reason)

@@ -476,6 +476,17 @@ def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
 _sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
+# FP8 compute's pack (hip_kernels.gather.FP8_ALIGN; this module imports no kernel code): each
+# request's keys start at a multiple of 128 rows, the rows between are written as zeros, and
+# per-page scales add fp32 key scales (K's and V's) for every key plus V's largest per 128 keys.
+FP8_PACK_ALIGN = 128
+
+
+def fp8_pack_bytes(totals: np.ndarray, facts: ModelFacts) -> int:
+    """Bytes the FP8 gather writes for requests of `totals` keys (PackedFp8)."""
+    rows = int(_sum(-(-totals // FP8_PACK_ALIGN))) * FP8_PACK_ALIGN if len(totals) else 0
+    scales = 4 * facts.num_kv_heads * (2 * rows + rows // FP8_PACK_ALIGN) if facts.kv_scale_mode == "per_page" else 0
+    return rows * facts.kv_bytes_per_token + scales
 _max = np.maximum.reduce
 _EMPTY = np.empty(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
@@ -563,8 +574,9 @@ def plan(
         unified_reasons=reasons,
         empty=(new == 0).nonzero()[0] if len(pf) + n_dec < len(new) else _EMPTY,
         gather_tokens=gather_tokens,
-        # FP8 compute copies the cache's bytes (plus the pad to 128 keys per request)
-        gather_bytes=gather_tokens * (facts.kv_bytes_per_token if fp8 else facts.gathered_bytes_per_token),
+        # FP8 compute copies the cache's bytes (requests padded to 128 keys, per-page scales)
+        gather_bytes=fp8_pack_bytes(new[varlen] + cached[varlen], facts) if fp8
+        else gather_tokens * facts.gathered_bytes_per_token,
         decode_tokens=decode_tokens,
         varlen_tokens=varlen_tokens,
         unified_tokens=(int(_sum(n_pf)) if len(pf) else 0) - varlen_tokens,

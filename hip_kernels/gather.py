@@ -17,6 +17,7 @@ K, V transposed in the key order of the device's FP8 MMA, per-key scales), see `
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -134,7 +135,16 @@ def _scale_arg(name: str, s, dev):
         if s.numel() != 1 or s.dtype != torch.float32 or s.device != dev:
             raise ValueError(f"gather_kv: {name} tensor must be one fp32 element on {dev}")
         return s, 1.0
-    return None, float(s)
+    return None, _host_scale(name, s)
+
+
+def _host_scale(name: str, s) -> float:
+    """A per-tensor scale given as a host number: finite and >= 0 (a NaN would reach every logit;
+    a device tensor's value is not read here, that would sync)."""
+    x = float(s)
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"gather_kv: {name} must be a finite scale >= 0, got {s!r}")
+    return x
 
 
 def gather_kv(
@@ -192,8 +202,8 @@ def gather_kv(
     num_seqs, layout, table, indptr, table_stride = _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr,
                                                                 kv_page_indices)
     total_kv = int(total_kv)
-    if total_kv < 0:
-        raise ValueError("gather_kv: total_kv must be >= 0")
+    if total_kv < 0 or (num_seqs == 0 and total_kv):
+        raise ValueError("gather_kv: total_kv must be >= 0 (0 without requests)")
 
     scale = "per_tensor"
     kptr = vptr = None
@@ -270,6 +280,9 @@ def _table_args(dev, cu_seqlens_k, seq_ids, block_table, kv_indptr, kv_page_indi
         raise ValueError("gather_kv: need block_table, or kv_indptr and kv_page_indices")
     if seq_ids is None and layout == "vllm" and block_table.shape[0] < num_seqs:
         raise ValueError(f"gather_kv: block_table has {block_table.shape[0]} rows for {num_seqs} sequences")
+    if seq_ids is None and layout == "sglang" and kv_indptr.shape[0] < num_seqs + 1:
+        raise ValueError(f"gather_kv: kv_indptr has {kv_indptr.shape[0]} entries for {num_seqs} sequences "
+                         f"(needs {num_seqs + 1})")
     return num_seqs, layout, table, indptr, table_stride
 
 
@@ -314,11 +327,13 @@ def gather_kv_fp8(
                                                                 kv_page_indices)
     _check_i32("cu_kp", cu_kp, dev, 1)
     total_pad = int(total_pad)
-    if cu_kp.shape != cu_seqlens_k.shape or total_pad < 0 or total_pad % FP8_ALIGN:
-        raise ValueError(f"gather_kv_fp8: cu_kp must match cu_seqlens_k and end at a multiple of {FP8_ALIGN}")
+    if cu_kp.shape != cu_seqlens_k.shape or total_pad < 0 or total_pad % FP8_ALIGN or (num_seqs == 0 and total_pad):
+        raise ValueError(f"gather_kv_fp8: cu_kp must match cu_seqlens_k and end at a multiple of {FP8_ALIGN} "
+                         "(0 without requests)")
     if check_pages:
-        _check_pages_on_device(layout, table, indptr, cu_seqlens_k, seq_ids, page_size, num_blocks,
-                               int(cu_seqlens_k[-1].item()))
+        cu_h = cu_seqlens_k.cpu().tolist()
+        _check_fp8_starts(cu_h, cu_kp.cpu().tolist(), total_pad)
+        _check_pages_on_device(layout, table, indptr, cu_seqlens_k, seq_ids, page_size, num_blocks, cu_h[-1])
     blocks = total_pad // FP8_ALIGN
     k8 = torch.empty((total_pad, heads, dim), dtype=k_cache.dtype, device=dev)
     vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)
@@ -349,7 +364,7 @@ def _pair(k_scale, v_scale, dev) -> torch.Tensor:
                 raise ValueError(f"gather_kv_fp8: {name} tensor must have one element on {dev}")
             parts.append(x.reshape(1).to(torch.float32))
         else:
-            parts.append(torch.full((1,), 1.0 if x is None else float(x), dtype=torch.float32, device=dev))
+            parts.append(torch.full((1,), 1.0 if x is None else _host_scale(name, x), dtype=torch.float32, device=dev))
     return torch.cat(parts)
 
 
@@ -374,6 +389,15 @@ def _arch(dev: torch.device) -> str:
     return _arch_cache[idx]
 
 
+def _check_fp8_starts(cu_h: list, cu_kp_h: list, total_pad: int) -> None:
+    """cu_kp (fp8_padded_starts) gives every request room for its keys from a multiple of FP8_ALIGN,
+    and ends at total_pad: else a request's last rows would be read as the next one's."""
+    if cu_kp_h[0] != 0 or cu_kp_h[-1] != total_pad or any(
+            p % FP8_ALIGN or q - p < b - a for a, b, p, q in zip(cu_h, cu_h[1:], cu_kp_h, cu_kp_h[1:])):
+        raise ValueError(f"gather_kv_fp8: cu_kp must start at 0, give each request its keys from a multiple of "
+                         f"{FP8_ALIGN} and end at total_pad={total_pad} (fp8_padded_starts)")
+
+
 def _check_pages_on_device(layout, table, indptr, cu, seq_ids, page_size, num_blocks, total_kv):
     """Every page a gathered row touches lies in [0, num_blocks). Syncs with the host."""
     cu_h = cu.cpu().tolist()
@@ -382,15 +406,19 @@ def _check_pages_on_device(layout, table, indptr, cu, seq_ids, page_size, num_bl
     ids = seq_ids.cpu().tolist() if seq_ids is not None else list(range(len(cu_h) - 1))
     tab = table.cpu()
     ptr = indptr.cpu().tolist() if indptr is not None else None
+    rows = tab.shape[0] if layout == "vllm" else len(ptr) - 1
     for i, b in enumerate(ids):
+        if not 0 <= b < rows:
+            raise ValueError(f"gather_kv: seq_ids[{i}] = {b} is not a row of the {layout} table ({rows} rows)")
         n = -(-(cu_h[i + 1] - cu_h[i]) // page_size)
         if layout == "vllm":
             if n > tab.shape[1]:
                 raise ValueError(f"gather_kv: request {b} needs {n} pages, block_table has {tab.shape[1]}")
             pages = tab[b, :n]
         else:
-            if ptr[b + 1] - ptr[b] < n:
-                raise ValueError(f"gather_kv: request {b} needs {n} pages, kv_indptr gives {ptr[b + 1] - ptr[b]}")
+            if ptr[b + 1] - ptr[b] < n or ptr[b] < 0 or ptr[b] + n > tab.shape[0]:
+                raise ValueError(f"gather_kv: request {b} needs {n} pages from kv_indptr[{b}] = {ptr[b]} "
+                                 f"(kv_indptr gives {ptr[b + 1] - ptr[b]}, kv_page_indices has {tab.shape[0]})")
             pages = tab[ptr[b] : ptr[b] + n]
         if n and (pages.min() < 0 or pages.max() >= num_blocks):
             raise ValueError(f"gather_kv: request {b} has page ids outside [0, {num_blocks})")

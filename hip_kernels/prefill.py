@@ -295,26 +295,36 @@ def _check_aligned(name: str, t: torch.Tensor) -> None:
 def _check_fp8_pack(kv, q, cu_seqlens_k, arch: str | None) -> None:
     """The PackedFp8 of gather_kv_fp8 fits q and the FP8 body of `arch`: shapes, dtypes, device,
     scales of its mode, V^T's key order."""
+    from hip_kernels import runtime
     from hip_kernels.gather import FP8_ALIGN, FP8_KEY_ORDERS, fp8_key_order
 
     k8, vt = kv.k, kv.vt
     if k8.dim() != 3 or vt.dim() != 3 or tuple(vt.shape) != (k8.shape[1], k8.shape[2], k8.shape[0]):
         raise ValueError(f"PackedFp8: k [total_pad, H, D] and vt [H, D, total_pad] disagree: {tuple(k8.shape)}, "
                          f"{tuple(vt.shape)}")
-    if k8.element_size() != 1 or vt.dtype != k8.dtype or k8.shape[0] % FP8_ALIGN:
-        raise ValueError(f"PackedFp8: e4m3 k / vt with a multiple of {FP8_ALIGN} rows expected")
+    e4m3 = (runtime.native_fp8_dtype(arch), torch.uint8) if arch else (torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+                                                                      torch.uint8)
+    if k8.dtype not in e4m3 or vt.dtype != k8.dtype or k8.shape[0] % FP8_ALIGN:
+        raise ValueError(f"PackedFp8: k / vt of {e4m3[0]} (or uint8) with a multiple of {FP8_ALIGN} rows expected, "
+                         f"got {k8.dtype} / {vt.dtype}, {k8.shape[0]} rows")
     if k8.device != q.device or vt.device != q.device or not (k8.is_contiguous() and vt.is_contiguous()):
         raise ValueError("PackedFp8: k and vt must be contiguous, on q's device")
-    if not isinstance(kv.cu_kp, torch.Tensor) or kv.cu_kp.shape != cu_seqlens_k.shape or kv.cu_kp.dtype != torch.int32:
-        raise ValueError("PackedFp8: cu_kp must be int32 and match cu_seqlens_k")
+    if not isinstance(kv.cu_kp, torch.Tensor) or kv.cu_kp.shape != cu_seqlens_k.shape or kv.cu_kp.dtype != torch.int32 \
+            or kv.cu_kp.device != q.device or not kv.cu_kp.is_contiguous():
+        raise ValueError("PackedFp8: cu_kp must be contiguous int32 on q's device and match cu_seqlens_k")
+
+    def fp32(t, shape) -> bool:  # the kernel reads it through a raw pointer
+        return isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == torch.float32 \
+            and t.device == q.device and t.is_contiguous()
+
     if kv.scale == "per_tensor":
-        if kv.kv_scale is None or kv.kv_scale.shape != (2,) or kv.kv_scale.dtype != torch.float32:
-            raise ValueError("PackedFp8: per_tensor needs kv_scale fp32 [2]")
+        if not fp32(kv.kv_scale, (2,)):
+            raise ValueError("PackedFp8: per_tensor needs kv_scale: contiguous fp32 [2] on q's device")
     elif kv.scale in ("per_page", "per_page16"):
         blocks = k8.shape[0] // FP8_ALIGN
-        if kv.key_scales is None or tuple(kv.key_scales.shape) != (k8.shape[1], blocks, 2, FP8_ALIGN) \
-                or kv.v_max is None or tuple(kv.v_max.shape) != (k8.shape[1], blocks):
-            raise ValueError("PackedFp8: per_page needs key_scales [H, blocks, 2, 128] and v_max [H, blocks]")
+        if not (fp32(kv.key_scales, (k8.shape[1], blocks, 2, FP8_ALIGN)) and fp32(kv.v_max, (k8.shape[1], blocks))):
+            raise ValueError("PackedFp8: per_page needs key_scales [H, blocks, 2, 128] and v_max [H, blocks]: "
+                             "contiguous fp32 on q's device")
     else:
         raise ValueError(f"PackedFp8: scale {kv.scale!r} is not one of {tuple(KV_FP8_MODES)}")
     if kv.order not in FP8_KEY_ORDERS or (arch is not None and kv.order != fp8_key_order(arch)):

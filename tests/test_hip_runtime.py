@@ -293,6 +293,35 @@ def test_gather_rejects_bad_inputs():
         gather_kv(k8, v8, cu, 20, block_table=bt, out_dtype=torch.float32)
     with pytest.raises(ValueError, match="on a GPU"):
         gather_kv(k, v, cu, 20, block_table=bt)
+    for bad in (float("nan"), float("inf"), -1.0):  # a host scale that would reach every logit
+        with pytest.raises(ValueError, match="finite scale"):
+            gather_kv(k8, v8, cu, 20, block_table=bt, k_scale=bad, v_scale=1.0)
+    with pytest.raises(ValueError, match="kv_indptr has 2 entries for 2"):  # SGLang: one offset short
+        gather_kv(k, v, cu, 20, kv_indptr=torch.tensor([0, 2], dtype=torch.int32),
+                  kv_page_indices=torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="0 without requests"):
+        gather_kv(k, v, torch.zeros(1, dtype=torch.int32), 20, block_table=bt)
+
+
+def test_page_checks_catch_what_the_kernel_would_misread():
+    """check_pages (host sync, debug): a page list overrun in SGLang's layout, a seq_id outside the
+    table, and an FP8 pack's row starts that leave a request too little room."""
+    from hip_kernels import gather
+
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    ptr, pages = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([3, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_page_indices has 2"):
+        gather._check_pages_on_device("sglang", pages, ptr, cu, None, 1, 10, 3)
+    gather._check_pages_on_device("sglang", torch.tensor([3, 4, 5], dtype=torch.int32), ptr, cu, None, 1, 10, 3)
+    bt = torch.tensor([[1], [2]], dtype=torch.int32)
+    for sid in (-1, 2):
+        with pytest.raises(ValueError, match="not a row"):
+            gather._check_pages_on_device("vllm", bt, None, cu, torch.tensor([sid], dtype=torch.int32), 16, 10, 3)
+    gather._check_pages_on_device("vllm", bt, None, cu, torch.tensor([1], dtype=torch.int32), 16, 10, 3)
+    gather._check_fp8_starts([0, 100, 300], [0, 128, 384], 384)
+    for starts, total in (([0, 64, 384], 384), ([0, 128, 256], 256), ([0, 128, 384], 512)):
+        with pytest.raises(ValueError, match="cu_kp must start at 0"):
+            gather._check_fp8_starts([0, 100, 300], starts, total)
 
 
 def test_combine_rejects_bad_inputs():

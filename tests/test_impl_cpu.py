@@ -379,3 +379,48 @@ def test_routed_away_requests_log_their_reason_and_counters_file(caplog, tmp_pat
     data = json.loads((tmp_path / "counters.json").read_text())
     assert data["counters"]["batches"] >= 1 and data["counters"]["mixed_batches"] >= 1
     assert [45, "varlen"] in [[c, p] for _, c, p, _ in data["prefills"]]
+
+
+def test_a_kernel_that_fails_at_run_time_is_planned_around(monkeypatch):
+    """FP8 compute that fails at run time: the batch runs the dequantizing gather + 16-bit kernel;
+    that failing too, the Triton path. Each failure is recorded once and later batches are planned
+    without the kernel (requests counted with reason kernel_unavailable), not run on another path
+    behind a plan that says varlen."""
+    from atom_backend import executors, metadata
+    from atom_backend.kernels import platform_for
+
+    monkeypatch.setattr(metadata, "_KERNEL_STATE", {})
+    ran = []
+
+    def failing_varlen(route, q, out, k_cache, v_cache, p, fp8):
+        ran.append("fp8" if fp8 else "16-bit")
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(executors, "_gpu_varlen", failing_varlen)
+    monkeypatch.setattr(executors, "_gpu_unified", lambda *a: ran.append("unified"))
+    case = Case([300, 2000], [0, 100], hq=32, hk=8, d=128, dtype=torch.bfloat16, fp8=True)
+    b = AtomMetadataBuilder.for_model(case.facts(), PlannerConfig(), "cpu", platform_for("sm_90a", use_tables=False))
+    first = b.build(0, case.common()).plan
+    assert first.varlen_fp8 and list(first.varlen) == [0, 1]
+
+    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=True), None, None, None, None, None, metadata)
+    assert ran == ["fp8", "16-bit", "unified"]
+    assert {k for k, why in metadata._KERNEL_STATE.items() if why} == {"varlen_fp8", "varlen"}
+    later = b.build(0, case.common()).plan
+    assert len(later.varlen) == 0 and set(later.unified_reasons) == {Reason.NO_KERNEL}
+
+    metadata._KERNEL_STATE.pop("varlen")  # only FP8 compute failed: varlen in 16-bit compute
+    b.platform = platform_for("sm_90a", use_tables=False)
+    only_fp8 = b.build(0, case.common()).plan
+    assert list(only_fp8.varlen) == [0, 1] and not only_fp8.varlen_fp8
+    assert only_fp8.varlen_compute_reason == Reason.NO_KERNEL
+    ran.clear()
+    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=False), None, None, None, None, None, metadata)
+    assert ran == ["16-bit", "unified"]
+
+
+def test_per_page_scales_are_refused_by_the_builder():
+    """The executors take vLLM's per-tensor scales: a per-page model would be read with them."""
+    facts = ModelFacts(8, 2, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_page", page_size=BS)
+    with pytest.raises(planner.PlanError, match="per-tensor KV scales"):
+        _builder(facts)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from atom_backend import planner
 from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
                                    SplitRule, decode_split_rule, decode_splits, fills_last_wave,
                                    plan, request_split_tokens, request_splits, whole_wave_splits)
@@ -73,6 +74,20 @@ def test_gather_bytes_are_exact():
     fp8 = ModelFacts(64, 8, 64, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")
     # the packed tensor holds dequantised (query dtype) values, whatever the cache stores
     assert plan([100], [0], fp8, H100, DEFAULT).gather_bytes == 100 * 2 * 8 * 64 * 2
+
+
+def test_fp8_compute_gather_bytes_are_the_packs():
+    """FP8 compute: e4m3 bytes, each request padded to 128 keys (the pad is written), per-page
+    scales (K's and V's per key, V's largest per 128) on top: what gather_kv_fp8 allocates."""
+    from hip_kernels.gather import FP8_ALIGN
+
+    assert planner.FP8_PACK_ALIGN == FP8_ALIGN
+    force = replace(DEFAULT, force_path="varlen")
+    for mode, scale_bytes in (("per_tensor", 0), ("per_page", 4 * 8 * (2 * 384 + 3))):
+        facts = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode=mode)
+        p = plan([9, 200], [0, 0], facts, H100, force)
+        assert p.varlen_fp8 and p.gather_tokens == 209
+        assert p.gather_bytes == (128 + 256) * 2 * 8 * 128 + scale_bytes
 
 
 def test_unified_requests_are_never_gathered():
@@ -340,9 +355,14 @@ def test_fp8_compute_routing(facts, platform, config, fp8, reason):
     p = plan([4096, 1, 300], [0, 900, 1200], facts, platform, config)
     assert list(p.varlen) == [0, 2]
     assert p.varlen_fp8 is fp8 and p.varlen_compute_reason.value == reason
-    # FP8 compute copies the cache's bytes; the 16-bit compute writes dequantized query-dtype K/V
-    per_token = facts.kv_bytes_per_token if fp8 else facts.gathered_bytes_per_token
-    assert p.gather_bytes == (4096 + 300 + 1200) * per_token
+    # FP8 compute copies the cache's bytes (requests from multiples of 128 rows, per-page scales);
+    # the 16-bit compute writes dequantized query-dtype K/V
+    if fp8:
+        rows = 4096 + 1536
+        scales = 4 * facts.num_kv_heads * (2 * rows + rows // 128) if facts.kv_scale_mode == "per_page" else 0
+        assert p.gather_bytes == rows * facts.kv_bytes_per_token + scales
+    else:
+        assert p.gather_bytes == (4096 + 300 + 1200) * facts.gathered_bytes_per_token
 
 
 def test_fp8_compute_env_flag():

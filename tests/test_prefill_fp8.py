@@ -232,6 +232,34 @@ def test_portable_fp8_routing():
     assert all(prefill.config_for(128, 0, "sm_90a", fp8=m).wgmma for m in prefill.KV_FP8_MODES)
 
 
+def test_fp8_pack_tensors_are_checked():
+    """The kernel reads a pack's tensors through raw pointers: wrong dtype, device or layout is an
+    error at plan time, not a read of the wrong bytes."""
+    q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    e4 = torch.float8_e4m3fn
+    p = gather.PackedFp8(torch.zeros(128, 1, 128, dtype=e4), torch.zeros(1, 128, 128, dtype=e4),
+                         torch.tensor([0, 128], dtype=torch.int32), "per_tensor", torch.ones(2), None, None, "nvidia")
+    prefill._check_fp8_pack(p, q, cu, "sm_90a")
+    pp = p._replace(scale="per_page16", kv_scale=None, key_scales=torch.ones(1, 1, 2, 128), v_max=torch.ones(1, 1))
+    prefill._check_fp8_pack(pp, q, cu, "sm_90a")
+    bad = {
+        "e5m2 bytes": p._replace(k=p.k.to(torch.float8_e5m2), vt=p.vt.to(torch.float8_e5m2)),
+        "FNUZ bytes on sm_90a": p._replace(k=p.k.view(torch.float8_e4m3fnuz), vt=p.vt.view(torch.float8_e4m3fnuz)),
+        "kv_scale elsewhere": p._replace(kv_scale=torch.ones(2, device="meta")),
+        "kv_scale strided": p._replace(kv_scale=torch.ones(4)[::2]),
+        "kv_scale fp16": p._replace(kv_scale=torch.ones(2, dtype=torch.float16)),
+        "cu_kp elsewhere": p._replace(cu_kp=torch.tensor([0, 128], dtype=torch.int32, device="meta")),
+        "key_scales fp16": pp._replace(key_scales=torch.ones(1, 1, 2, 128, dtype=torch.float16)),
+        "key_scales strided": pp._replace(key_scales=torch.ones(1, 1, 2, 256)[..., ::2]),
+        "v_max elsewhere": pp._replace(v_max=torch.ones(1, 1, device="meta")),
+    }
+    for what, pack in bad.items():
+        with pytest.raises(ValueError, match="PackedFp8"):
+            prefill._check_fp8_pack(pack, q, cu, "sm_90a")
+            pytest.fail(what)
+
+
 def test_pack_order_must_match_the_body():
     """A pack written for another family's FP8 MMA (its V^T key order) is refused at plan time."""
     q = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
