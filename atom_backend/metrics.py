@@ -378,10 +378,10 @@ def record_fallback(reason: str, path: str) -> None:
     the next path) and log it: a warning the first time per (reason, path), debug after that."""
     key = (str(reason), str(path))
     if key in _logged_fallbacks:
-        logger.debug("atom-backend fallback to %s: %s", path, reason)
+        logger.debug("atom-backend fallback from %s: %s", path, reason)
     else:
         _logged_fallbacks.add(key)
-        logger.warning("atom-backend fallback to %s: %s (further ones are counted in atom_fallbacks_total)", path, reason)
+        logger.warning("atom-backend fallback from %s: %s (further ones are counted in atom_fallbacks_total)", path, reason)
     (_impl or _init()).record_fallback(reason, path)
 
 

@@ -10,7 +10,8 @@ flavour, or uint8 holding it) are dequantised to ``out_dtype`` (default bf16) wi
 ``[num_blocks, num_kv_heads]``.
 
 ``gather_kv_fp8(...)`` copies an e4m3 cache as it is into the layout of the FP8 prefill (``PackedFp8``:
-K, V transposed in the key order of the device's FP8 MMA, per-key scales), see ``FP8_ALIGN``,
+K, V transposed in the key order of the device's FP8 MMA; per-key scales in the per-page modes, a
+(k, v) pair per tensor), see ``FP8_ALIGN``,
 ``FP8_KEY_ORDERS`` and src/fp8_pack.h.
 """
 

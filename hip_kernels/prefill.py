@@ -105,9 +105,9 @@ WINDOW_CONFIGS = {64: Config(4, 64, 3), 128: Config(4, 64, 3)}
 # take 48 and 64 KB (64 rows, shorter key tiles); config_for picks them there. Not tuned (no AMD
 # device here): the shapes that fit and compile without spills on gfx942.
 SMALL_SMEM_CONFIGS = {128: Config(4, 32, 2), 256: Config(4, 16, 2)}
-# Hopper (sm_90a): the warp-specialized TMA kernel, two consumer warpgroups x 64 rows
-# (docs/perf/prefill.md). Same BLOCK_M (128) as CONFIGS, so a work list built without knowing the
-# device stays valid. Small windows keep WINDOW_CONFIGS.
+# Hopper (sm_90a): the warp-specialized TMA kernel (docs/perf/prefill.md): d128 two consumer
+# warpgroups x 64 rows (CONFIGS' BLOCK_M, 128), d64 three (192 rows); work_items builds a work list
+# for the device's arch (its tile's BLOCK_M).
 WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmma=True)}
 # Small windows on Hopper: K/V tiles of 64 keys (a row tile sees about BLOCK_M / G + W keys).
 # d64: one consumer warpgroup, three CTAs per SM (three units' latencies overlap: 1.01-1.02x the
