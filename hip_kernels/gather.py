@@ -67,8 +67,8 @@ def variants() -> list[Variant]:
 
 
 # The FP8 prefill's K/V layout (src/fp8_pack.h). Every request starts at a multiple of FP8_ALIGN rows
-# (the Hopper kernel's 128-key tile, so a 128-row block of keys is one tile of one request, with one
-# largest V scale); within each 32 keys, V^T holds key FP8_KEY_ORDERS[order][p] at position p: the
+# (the Hopper kernel's 128-key tile, so a 128-row block of keys is one tile of one request); per-page
+# V scales are stored relative to their request's largest (per head, in v_max); within each 32 keys, V^T holds key FP8_KEY_ORDERS[order][p] at position p: the
 # order in which P's accumulators, as they stand, are the e4m3 left operand of P V on the device
 # (atom_mma.h to_operand_fp8, fp8_p_key).
 #   "nvidia": wgmma k32 (the Hopper kernel) and mma.sync m16n8k32 (the portable body, sm_89+) take
@@ -76,6 +76,7 @@ def variants() -> list[Variant]:
 #   "mfma":   MFMA 16x16x32 fp8 (the portable body on gfx942 / gfx950): lane group q = lane / 16
 #             holds keys 4q..4q+3 and 16+4q..16+4q+3 of each 32 as its K-bytes 8q..8q+7.
 FP8_ALIGN = 128
+FP8_MAX_HEADS = 8192  # per-page scales: the gather holds each head's V reference in shared memory
 FP8_KEY_ORDERS = {
     "nvidia": tuple(16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(32)),
     "mfma": tuple(4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1) for p in range(32)),
@@ -96,7 +97,7 @@ class PackedFp8(NamedTuple):
     scale: str  # "per_tensor" | "per_page" (a scale per key) | "per_page16" (pages of a multiple of 16 keys)
     kv_scale: torch.Tensor | None  # per_tensor: fp32 [2] (k, v)
     key_scales: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128, 2, 128] (lane order)
-    v_max: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128]
+    v_max: torch.Tensor | None  # per_page: fp32 [H, total_pad / 128], each block its request's largest V scale
     order: str = "nvidia"  # V^T's key order (fp8_key_order of the device that packed it)
 
 
@@ -340,6 +341,8 @@ def gather_kv_fp8(
     vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)
     kv_scale = key_scales = v_max = None
     if _per_page("gather_kv_fp8", k_scale, v_scale, k_descale, v_descale, num_blocks, heads, dev):
+        if heads > FP8_MAX_HEADS:
+            raise ValueError(f"gather_kv_fp8: per-page scales take at most {FP8_MAX_HEADS} kv heads, got {heads}")
         scale = "per_page16" if page_size % 16 == 0 else "per_page"  # every 16 keys in one page
         key_scales = torch.empty((heads, blocks, 2, FP8_ALIGN), dtype=torch.float32, device=dev)
         v_max = torch.empty((heads, blocks), dtype=torch.float32, device=dev)

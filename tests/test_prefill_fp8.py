@@ -316,6 +316,13 @@ def test_gather_fp8_layout(page_size, per_page, layout):
         assert not pk.any() and not pv.any()
     if per_page:
         assert (p.key_scales.cpu()[:, :, 1] <= 1).all()
+        # O's unit: every block of a request holds the request's largest V scale per head
+        vd, tab, cu_kp = scales["v_descale"].cpu(), table.cpu().long(), p.cu_kp.cpu().tolist()
+        for b, n in enumerate(seqs_k):
+            if n:
+                want = vd[tab[b, : -(-n // page_size)]].amax(0)  # [H]
+                got = p.v_max.cpu()[:, cu_kp[b] // gather.FP8_ALIGN: cu_kp[b + 1] // gather.FP8_ALIGN]
+                assert torch.equal(got, want[:, None].expand_as(got)), b
 
 
 @pytest.mark.gpu

@@ -7,8 +7,9 @@
 //                            position p of a block holding key fp8_vt_key(p): the order in which
 //                            the target's P operand holds its keys (atom_mma.h to_operand_fp8)
 //   per page: kvs [H][total_pad / 128][2][128] fp32, each 128-key block's K scales and its V
-//   scales divided by the block's largest (v_max [H][total_pad / 128]), key j of a block at
-//   fp8_scale_pos(j) (the Hopper kernel's lane order; the portable body indexes it).
+//   scales divided by v_max [H][total_pad / 128] (each block: its request's largest V scale, the
+//   unit of O in the FP8 bodies), key j of a block at fp8_scale_pos(j) (the Hopper kernel's lane
+//   order; the portable body indexes it).
 #pragma once
 
 #include "atom_mma.h"

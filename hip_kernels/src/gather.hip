@@ -247,32 +247,50 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 
 #if GATHER_SCALE == 2
-  // Key scales, two heads per pass (128 threads each); a block with no keys gets v_max 1.
-  float* s_max = reinterpret_cast<float*>(s_v);  // [2 heads][4 warps of 32 keys]
+  // O's unit in the FP8 bodies: each head's largest V scale over the request's pages (1 if none is
+  // positive), the same in every block of the request, so the prefill reads it once per work unit.
+  float* s_red = reinterpret_cast<float*>(s_v);  // [warps]
+  float* s_ref = s_red + 64;                     // [heads] (the host keeps heads <= FP8_MAX_HEADS)
+  {
+    const i32 i = find_seq(cu_kp, (i32)num_seqs, row0);
+    const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
+    const i64 pages = ((i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i]) + page_size - 1) / page_size;
+    for (i64 h = 0; h < num_heads; ++h) {
+      float m = 0.f;
+      for (i64 lp = tid; lp < pages; lp += GATHER_THREADS) {
+#if GATHER_LAYOUT == 0
+        const i64 page = table[b * table_stride + lp];
+#else
+        const i64 page = table[(i64)indptr[b] + lp];
+#endif
+        m = fmax_(m, v_descale[page * num_heads + h]);
+      }
+      for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+      if (lane_id() == 0) s_red[tid / ATOM_WARP_SIZE] = m;
+      sync_block();
+      if (tid == 0) {
+        for (int w = 1; w < GATHER_THREADS / ATOM_WARP_SIZE; ++w) m = fmax_(m, s_red[w]);
+        s_ref[h] = m > 0.f ? m : 1.f;
+      }
+      sync_block();
+    }
+  }
+  // Key scales: K's as they are, V's relative to s_ref.
   const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
   for (i64 h0 = 0; h0 < num_heads; h0 += 2) {
     const i64 h = h0 + tid / FP8_ROWS;
     const int r = tid % FP8_ROWS;
-    float ks = 0.f, vs = 0.f;
-    if (h < num_heads && s_off[r] >= 0) {
-      ks = k_descale[(i64)s_page[r] * num_heads + h];
-      vs = v_descale[(i64)s_page[r] * num_heads + h];
-    }
-    float m = vs;
-    for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
-    if (lane_id() == 0) s_max[tid / ATOM_WARP_SIZE] = m;
-    sync_block();
-    m = 0.f;
-    const int wpb = FP8_ROWS / ATOM_WARP_SIZE;  // warps per head
-    for (int w = 0; w < wpb; ++w) m = fmax_(m, s_max[(tid / FP8_ROWS) * wpb + w]);
-    m = m > 0.f ? m : 1.f;
     if (h < num_heads) {
+      float ks = 0.f, vs = 0.f;
+      if (s_off[r] >= 0) {
+        ks = k_descale[(i64)s_page[r] * num_heads + h];
+        vs = v_descale[(i64)s_page[r] * num_heads + h];
+      }
       float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
       dst[fp8_scale_pos(r)] = ks;
-      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / m;
-      if (r == 0) v_max[h * blocks + blk] = m;
+      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / s_ref[h];
+      if (r == 0) v_max[h * blocks + blk] = s_ref[h];
     }
-    sync_block();
   }
 #else
   (void)kvs; (void)v_max; (void)k_descale; (void)v_descale;

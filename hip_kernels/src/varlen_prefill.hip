@@ -31,8 +31,8 @@
 // scale, V's in the epilogue), per key (2) or per 16 keys (3, pages of a multiple of 16: K's joins
 // the exp2's multiplier, the row max is taken per 16 keys on the unscaled S). The row's reference
 // max moves only when the new one is more than kLazyLog2 past it (P <= 2^8, 2^7 in e4m3 FNUZ), and
-// P's columns are multiplied by their V scale relative to the largest so far (v_ref, KV_FP8 = 3;
-// the tile's largest, KV_FP8 = 2): O is kept in units of v_ref.
+// P's columns are multiplied by their V scale relative to the request's largest (v_ref, from the
+// gather; KV_FP8 = 2 takes it per tile): O is kept in units of v_ref.
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1), KV_FP8 (0|1|2|3: FP8
 //          compute needs HEAD_DIM 64|128 and BLOCK_N 64|128),
@@ -286,11 +286,11 @@ ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D
 }
 
 // FP8: one KV tile's scales as the softmax takes them (KV_FP8 >= 2; src/fp8_pack.h). sc: the
-// 128-key block's K scales then V's (relative to the block's largest, v_tile), fp8_scale_pos
-// order; jb: the tile's first key in the block; gk / gv (KV_FP8 = 3): its 16-key groups' scales,
-// K's > 0 (a zero-scale page's bytes are zero: -inf * 0 would make a NaN of a masked key); vc: P's
-// factor, v_tile in units of v_ref (<= 1, so P's e4m3 stays <= 2^kLazyLog2); vfac: O's, the old
-// v_ref in units of the new one.
+// 128-key block's K scales then V's (relative to the block's v_max, v_tile: the request's largest V
+// scale, so O's unit), fp8_scale_pos order; jb: the tile's first key in the block; gk / gv
+// (KV_FP8 = 3): its 16-key groups' scales, K's > 0 (a zero-scale page's bytes are zero: -inf * 0
+// would make a NaN of a masked key); vc: P's factor (<= 1, so P's e4m3 stays <= 2^kLazyLog2);
+// vfac: O's, the old v_ref in units of the new one.
 struct fp8_tile {
   const float* sc;
   int jb;
@@ -298,9 +298,9 @@ struct fp8_tile {
   ATOM_DEV float k(int j) const { return sc[fp8_scale_pos(jb + j)]; }
   ATOM_DEV float v(int j) const { return sc[kFp8Align + fp8_scale_pos(jb + j)]; }
 };
-// The scales of the tile at key jb of pack block blk ([hk][kv_blocks] index); moves v_ref: to the
-// largest V scale so far (KV_FP8 = 3: it only grows, so O is rarely rescaled for it) or to this
-// tile's (KV_FP8 = 2, as the Hopper kernel does).
+// The scales of the tile at key jb of pack block blk ([hk][kv_blocks] index); KV_FP8 = 2 moves
+// v_ref to the tile's v_max (as the Hopper kernel does); KV_FP8 = 3 keeps the unit's v_ref, which
+// every block of the request holds.
 ATOM_DEV fp8_tile fp8_tile_scales(const float* key_scales, const float* v_max, i64 blk, int jb, float& v_ref) {
   fp8_tile t;
   t.sc = nullptr;
@@ -308,18 +308,14 @@ ATOM_DEV fp8_tile fp8_tile_scales(const float* key_scales, const float* v_max, i
   t.vc = t.vfac = 1.f;
   if constexpr (kKeyScales) {
     t.sc = key_scales + blk * 2 * kFp8Align;
-    const float v_tile = v_max[blk];
     if constexpr (kGroupScales) {
 #pragma unroll
       for (int nt = 0; nt < BN / 16; ++nt) {
         t.gk[nt] = fmax_(t.k(16 * nt), 1e-30f);
         t.gv[nt] = t.v(16 * nt);
       }
-      const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f);  // the floor: no 0 / 0 from an all-zero start
-      t.vc = v_tile / v_new;
-      t.vfac = v_ref / v_new;
-      v_ref = v_new;
     } else {
+      const float v_tile = v_max[blk];
       t.vfac = v_ref / v_tile;
       v_ref = v_tile;
     }
@@ -527,7 +523,8 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int s = 0; s < acc_t::row_slots; ++s) a_row[mt][s] = a_log2;
-  float v_ref = KV_FP8 == 3 ? 0.f : 1.f;
+  float v_ref = 1.f;
+  if (kGroupScales && sk > 0) v_ref = v_max[(i64)g * kv_blocks + k0 / kFp8Align];  // the request's largest V scale
 
   for (int it = 0; it < n_iter; ++it) {
     mma::cp_async_wait<NST - 2>();

@@ -40,9 +40,9 @@
 //                        (token, head) that joins the row's softmax scale. K/V scales: per
 //                        tensor (K's in the softmax scale, V's in the epilogue) or per key
 //                        (KV_FP8 = 2: a page's scale copied to its keys): S's columns are
-//                        multiplied by K's, P's by V's relative to the largest V scale of the
-//                        tiles so far (so P stays <= 2^8 in e4m3), O's accumulator is kept in
-//                        units of that largest (rescaled, with the softmax, when it grows).
+//                        multiplied by K's, P's by V's relative to the request's largest V
+//                        scale (the gather's; so P stays <= 2^8 in e4m3), in whose units O's
+//                        accumulator is kept (KV_FP8 = 2: the tile's block's, rescaled per tile).
 //                        KV_FP8 = 3 (pages of a multiple of 16 keys): every 16 keys share their
 //                        scales, so K's joins the exp2's multiplier and the row max is taken per
 //                        16 keys on the unscaled S (no multiply per element: the one on the path
@@ -473,9 +473,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         pos[s] = off + tok[s];
         a_row[s] = a_log2;
       }
-      // KV_FP8 >= 2: O's accumulator is in units of v_ref: KV_FP8 = 3, the largest V scale of the
-      // tiles so far (it only grows, so O is rarely rescaled for it); KV_FP8 = 2, the last tile's.
-      float v_ref = KV_FP8 == 3 ? 0.f : 1.f;
+      // KV_FP8 >= 2: O's accumulator is in units of v_ref: KV_FP8 = 3, the request's largest V scale
+      // (the gather writes it to every block of the request: read once, and the stage's V scales
+      // are relative to it); KV_FP8 = 2, the last tile's block's.
+      float v_ref = 1.f;
+      if (kGroupScales && u.sk > 0) v_ref = v_max[(i64)u.g * v_max_blocks + u.k0 / kFp8Align];
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
@@ -568,10 +570,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       auto softmax = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(sacc);
         const int j0 = kw.tile(it) * BN;
-        // V scales in the stage are relative to their block's largest (v_blk[0], and v_blk[1] for
-        // the second block of a 96- or 192-key tile where it holds keys of the request); v_tile: the larger.
+        // KV_FP8 = 2: V scales in the stage are relative to v_max of their block (v_blk[0], and
+        // v_blk[1] for the second block of a 96- or 192-key tile where it holds keys of the
+        // request); v_tile: the larger.
         float v_tile = 1.f, v_blk[SC_BLOCKS];
-        if constexpr (kKeyScales) {
+        if constexpr (kKeyScales && !kGroupScales) {
           const i64 vb = (i64)u.g * v_max_blocks + (u.k0 + j0) / kFp8Align;
           v_blk[0] = v_tile = v_max[vb];
           if constexpr (SC_BLOCKS > 1) {
@@ -642,15 +645,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float vc[SC_BLOCKS];  // a block's relative V scales -> O's unit
 #pragma unroll
         for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = 1.f;
-        if constexpr (kGroupScales) {
-          // P V in units of v_ref: P times its key's V scale / v_ref (<= 1, so P's e4m3 stays <= 2^8).
-          // The floor keeps an all-zero-scale start from dividing 0 by 0.
-          const float v_new = fmax_(fmax_(v_ref, v_tile), 1e-30f);
-#pragma unroll
-          for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = v_blk[b] / v_new;
-          vfac = v_ref / v_new;
-          v_ref = v_new;
-        } else if constexpr (kKeyScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
+        if constexpr (kKeyScales && !kGroupScales) {  // a scale per key: O in units of this tile's v_tile (a running max spills here)
           vfac = v_ref / v_tile;
           v_ref = v_tile;
           if constexpr (SC_BLOCKS > 1)
