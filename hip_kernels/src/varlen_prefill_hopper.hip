@@ -260,7 +260,7 @@ ATOM_DEV unit unit_of(int w, const i32* __restrict__ work, const i32* __restrict
 // a_log2: scale * log2(e) (or scale / softcap with SOFTCAP); c_log2: softcap * log2(e).
 // FP8 only (else unused): tm_s, map of the key scales [hk][blocks of 128 keys][2][128] fp32
 // (KV_FP8 >= 2); kv_scale: the per-tensor K and V scales (2 fp32, KV_FP8 = 1); v_max [hk][blocks]
-// fp32, the largest V scale of each 128-key block (KV_FP8 >= 2); cu_kp: the requests' first rows
+// fp32, each 128-key block its request's largest V scale (KV_FP8 >= 2); cu_kp: the requests' first rows
 // in the 128-aligned K / V^T layout (keys: cu_k).
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(NTB, CTAS_PER_SM)
 varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CONSTANT tma_desc tm_k,
@@ -533,8 +533,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::commit();
       };
       // Mask and online softmax (log2 units) of tile it: sacc becomes P; alpha rescales O and l,
-      // rs holds this lane's part of P's row sums; vfac: O's extra factor (KV_FP8 >= 2: the ratio
-      // of the previous tile's largest V scale to this one's).
+      // rs holds this lane's part of P's row sums; vfac: O's extra factor (KV_FP8 = 2: the previous
+      // tile's v_max in units of this one's; 1 otherwise).
       // Key scales (KV_FP8 >= 2) sit in the stage as SC_BLOCKS x [K's, V's] x 128, each in lane
       // order: lane quad q reads the 32 columns 16 n + 8 h + 2 q + b of its block at
       // 32 q + 4 n + 2 h + b, as 8 float4. The tile's group nt is its first block's group
