@@ -366,7 +366,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         total = self._host_seq_lens(cm)
         cached = np.maximum(total - new, 0)
         t0 = time.perf_counter()
-        if _KERNEL_STATE:  # a kernel that failed at run time since this builder was made
+        if any(_KERNEL_STATE.values()):  # a kernel that failed at run time since this builder was made
             self.platform = without_failed_kernels(self.platform)
         p = plan(new, cached, self.facts, self.platform, self.config)
         dt = time.perf_counter() - t0

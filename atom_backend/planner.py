@@ -476,6 +476,10 @@ def batch_routes(tv: np.ndarray, tu: np.ndarray, launch_us: tuple[float, float],
 
 _COST_REASONS = (Reason.GATHER_COST, Reason.SMALL_PREFILL)  # indexed by "new < min_new"
 _sum = np.add.reduce  # skips ndarray.sum's Python wrapper (~0.2 us a call)
+_max = np.maximum.reduce
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
 # FP8 compute's pack (hip_kernels.gather.FP8_ALIGN; this module imports no kernel code): each
 # request's keys start at a multiple of 128 rows, the rows between are written as zeros, and
 # per-page scales add fp32 key scales (K's and V's) for every key plus V's largest per 128 keys.
@@ -487,9 +491,6 @@ def fp8_pack_bytes(totals: np.ndarray, facts: ModelFacts) -> int:
     rows = int(_sum(-(-totals // FP8_PACK_ALIGN))) * FP8_PACK_ALIGN if len(totals) else 0
     scales = 4 * facts.num_kv_heads * (2 * rows + rows // FP8_PACK_ALIGN) if facts.kv_scale_mode == "per_page" else 0
     return rows * facts.kv_bytes_per_token + scales
-_max = np.maximum.reduce
-_EMPTY = np.empty(0, dtype=np.int64)
-_EMPTY.flags.writeable = False
 
 
 def plan(
