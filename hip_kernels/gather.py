@@ -29,6 +29,7 @@ from .runtime import Variant
 SOURCE = "gather.hip"
 KERNEL = "atom_gather_kv"
 FP8_KERNEL = "atom_gather_kv_fp8"  # e4m3 bytes into the FP8 prefill's layout (gather_kv_fp8)
+V_REF_KERNEL = "atom_fp8_v_ref"  # per-page scales: each request's largest V scale, before FP8_KERNEL
 THREADS = 256
 MAX_ROWS = 256
 _ITEMS_PER_BLOCK = 2048  # 16-byte chunks per block: 8 per thread, enough loads in flight
@@ -54,6 +55,12 @@ def fp8_variant(layout: str, scale: str) -> Variant:
                                                   "GATHER_SCALE": {"per_tensor": 1, "per_page": 2}[scale]})
 
 
+@functools.lru_cache(maxsize=None)
+def v_ref_variant(layout: str) -> Variant:
+    """The per-request V reference of per-page scales (atom_fp8_v_ref), layout 'vllm' | 'sglang'."""
+    return Variant(SOURCE, V_REF_KERNEL, {"GATHER_LAYOUT": {"vllm": 0, "sglang": 1}[layout], "GATHER_SCALE": 2})
+
+
 def variants() -> list[Variant]:
     out = []
     for layout in ("vllm", "sglang"):
@@ -63,6 +70,7 @@ def variants() -> list[Variant]:
                 out.append(variant(layout, True, od, sc))
         for sc in ("per_tensor", "per_page"):
             out.append(fp8_variant(layout, sc))
+        out.append(v_ref_variant(layout))
     return out
 
 
@@ -76,7 +84,6 @@ def variants() -> list[Variant]:
 #   "mfma":   MFMA 16x16x32 fp8 (the portable body on gfx942 / gfx950): lane group q = lane / 16
 #             holds keys 4q..4q+3 and 16+4q..16+4q+3 of each 32 as its K-bytes 8q..8q+7.
 FP8_ALIGN = 128
-FP8_MAX_HEADS = 8192  # per-page scales: the gather holds each head's V reference in shared memory
 FP8_KEY_ORDERS = {
     "nvidia": tuple(16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(32)),
     "mfma": tuple(4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1) for p in range(32)),
@@ -339,22 +346,25 @@ def gather_kv_fp8(
     blocks = total_pad // FP8_ALIGN
     k8 = torch.empty((total_pad, heads, dim), dtype=k_cache.dtype, device=dev)
     vt8 = torch.empty((heads, dim, total_pad), dtype=k_cache.dtype, device=dev)
-    kv_scale = key_scales = v_max = None
+    kv_scale = key_scales = v_max = v_ref = None
     if _per_page("gather_kv_fp8", k_scale, v_scale, k_descale, v_descale, num_blocks, heads, dev):
-        if heads > FP8_MAX_HEADS:
-            raise ValueError(f"gather_kv_fp8: per-page scales take at most {FP8_MAX_HEADS} kv heads, got {heads}")
         scale = "per_page16" if page_size % 16 == 0 else "per_page"  # every 16 keys in one page
         key_scales = torch.empty((heads, blocks, 2, FP8_ALIGN), dtype=torch.float32, device=dev)
         v_max = torch.empty((heads, blocks), dtype=torch.float32, device=dev)
+        v_ref = torch.zeros((num_seqs, heads), dtype=torch.float32, device=dev)  # atomic maxes land here
     else:
         scale = "per_tensor"
         kv_scale = _pair(k_scale, v_scale, dev)
     out = PackedFp8(k8, vt8, cu_kp, scale, kv_scale, key_scales, v_max, fp8_key_order(arch))
     if blocks == 0:
         return out
+    if v_ref is not None:
+        runtime.load(v_ref_variant(layout), dev)(blocks, THREADS, v_ref, cu_seqlens_k, cu_kp,
+                                                  seq_ids, table, indptr, v_descale, num_seqs, table_stride,
+                                                  page_size, heads)
     kern = runtime.load(fp8_variant(layout, "per_tensor" if scale == "per_tensor" else "per_page"), dev)
     kern(blocks, THREADS, k8, vt8, key_scales, v_max, k_cache, v_cache, cu_seqlens_k, cu_kp, seq_ids, table, indptr,
-         k_descale, v_descale, total_pad, num_seqs, table_stride, page_size,
+         k_descale, v_descale, v_ref, total_pad, num_seqs, table_stride, page_size,
          k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, dim)
     return out
 

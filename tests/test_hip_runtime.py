@@ -352,8 +352,9 @@ def test_variants_registry_lists_gather_and_combine(capsys):
     from hip_kernels import variants
 
     names = [n for n, _ in variants.all_variants()]
-    # 10 into packed 16-bit K/V, 4 into the FP8 prefill's layout (2 page-table layouts x 2 scale modes)
-    assert names.count("gather") == 14 and names.count("combine") == 3
+    # 10 into packed 16-bit K/V, 4 into the FP8 prefill's layout (2 page-table layouts x 2 scale modes),
+    # 2 per-request V references of per-page scales (one per page-table layout)
+    assert names.count("gather") == 16 and names.count("combine") == 3
     vs = [v for _, v in variants.all_variants()]
     assert len(set(vs)) == len(vs)
     variants.main(["--list"])

@@ -284,6 +284,7 @@ ATOM_DEV void store16_stream(void* p, const u32x4& v) {
 // bypass the SM's L1, which is not coherent and may hold a line read earlier by another CTA).
 #if ATOM_NVIDIA
 ATOM_DEV int atomic_add(int* p, int v) { return atomicAdd(p, v); }
+ATOM_DEV u32 atomic_max(u32* p, u32 v) { return atomicMax(p, v); }
 ATOM_DEV void fence_device() { __threadfence(); }
 ATOM_DEV float loadf_device(const float* p) { return __ldcg(p); }
 ATOM_DEV u32x4 load16_device(const void* p) {
@@ -292,6 +293,7 @@ ATOM_DEV u32x4 load16_device(const void* p) {
 }
 #else
 ATOM_DEV int atomic_add(int* p, int v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+ATOM_DEV u32 atomic_max(u32* p, u32 v) { return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
 ATOM_DEV void fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 ATOM_DEV u32 load4_device(const u32* p) { return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
 ATOM_DEV float loadf_device(const float* p) { return u32_as_f32(load4_device(reinterpret_cast<const u32*>(p))); }

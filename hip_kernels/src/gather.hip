@@ -169,6 +169,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     const i32* __restrict__ cu_kp,          // [num_seqs + 1] first rows, multiples of 128
     const i32* __restrict__ seq_ids, const i32* __restrict__ table, const i32* __restrict__ indptr,
     const float* __restrict__ k_descale, const float* __restrict__ v_descale,  // [num_blocks, H] (GATHER_SCALE 2)
+    const float* __restrict__ v_ref,        // [num_seqs, H] (GATHER_SCALE 2): atom_fp8_v_ref's
     i64 total_pad, i64 num_seqs, i64 table_stride, i64 page_size,
     i64 page_stride, i64 slot_stride, i64 head_stride, i64 num_heads, i64 head_dim) {
   __shared__ i64 s_off[FP8_ROWS];  // byte offset of the row's (page, slot); -1: padding
@@ -247,34 +248,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 
 #if GATHER_SCALE == 2
-  // O's unit in the FP8 bodies: each head's largest V scale over the request's pages (1 if none is
-  // positive), the same in every block of the request, so the prefill reads it once per work unit.
-  float* s_red = reinterpret_cast<float*>(s_v);  // [warps]
-  float* s_ref = s_red + 64;                     // [heads] (the host keeps heads <= FP8_MAX_HEADS)
-  {
-    const i32 i = find_seq(cu_kp, (i32)num_seqs, row0);
-    const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
-    const i64 pages = ((i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i]) + page_size - 1) / page_size;
-    for (i64 h = 0; h < num_heads; ++h) {
-      float m = 0.f;
-      for (i64 lp = tid; lp < pages; lp += GATHER_THREADS) {
-#if GATHER_LAYOUT == 0
-        const i64 page = table[b * table_stride + lp];
-#else
-        const i64 page = table[(i64)indptr[b] + lp];
-#endif
-        m = fmax_(m, v_descale[page * num_heads + h]);
-      }
-      for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
-      if (lane_id() == 0) s_red[tid / ATOM_WARP_SIZE] = m;
-      sync_block();
-      if (tid == 0) {
-        for (int w = 1; w < GATHER_THREADS / ATOM_WARP_SIZE; ++w) m = fmax_(m, s_red[w]);
-        s_ref[h] = m > 0.f ? m : 1.f;
-      }
-      sync_block();
-    }
-  }
+  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of each head.
+  const float* s_ref = v_ref + (i64)find_seq(cu_kp, (i32)num_seqs, row0) * num_heads;  // 0: take 1
   // Key scales: K's as they are, V's relative to s_ref.
   const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
   for (i64 h0 = 0; h0 < num_heads; h0 += 2) {
@@ -288,11 +263,54 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       }
       float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
       dst[fp8_scale_pos(r)] = ks;
-      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / s_ref[h];
-      if (r == 0) v_max[h * blocks + blk] = s_ref[h];
+      const float ref = s_ref[h] > 0.f ? s_ref[h] : 1.f;
+      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / ref;
+      if (r == 0) v_max[h * blocks + blk] = ref;
     }
   }
 #else
-  (void)kvs; (void)v_max; (void)k_descale; (void)v_descale;
+  (void)kvs; (void)v_max; (void)k_descale; (void)v_descale; (void)v_ref;
 #endif
 }
+
+#if GATHER_SCALE == 2
+// Per-page scales, before atom_gather_kv_fp8: each request's largest V scale of each head, O's
+// unit in the FP8 prefill, into v_ref zeroed by the host (0: no positive scale; the gather takes
+// 1). A block takes the pages of one 128-row block of the pack (one request's: cu_kp is
+// 128-aligned), so every page's scales are read about once (a page of more than 128 keys once per
+// block); one atomic max per head and block (non-negative floats order as their bits).
+extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_fp8_v_ref(
+    float* __restrict__ v_ref,  // [num_seqs, H]
+    const i32* __restrict__ cu_seqlens_k, const i32* __restrict__ cu_kp, const i32* __restrict__ seq_ids,
+    const i32* __restrict__ table, const i32* __restrict__ indptr, const float* __restrict__ v_descale,
+    i64 num_seqs, i64 table_stride, i64 page_size, i64 num_heads) {
+  __shared__ float s_red[GATHER_THREADS / ATOM_WARP_SIZE];
+  const i64 row0 = (i64)bid_x() * FP8_ROWS;
+  const int tid = (int)tid_x();
+  const i32 i = find_seq(cu_kp, (i32)num_seqs, row0);
+  const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
+  const i64 t0 = row0 - cu_kp[i], n = (i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i]);
+  if (t0 >= n) return;  // padding rows only (uniform over the block)
+  const i64 t1 = t0 + FP8_ROWS < n ? t0 + FP8_ROWS : n;
+  const i64 lp0 = t0 / page_size, lp1 = (t1 - 1) / page_size;  // the pages it holds
+  for (i64 h = 0; h < num_heads; ++h) {
+    float m = 0.f;
+    for (i64 lp = lp0 + tid; lp <= lp1; lp += GATHER_THREADS) {
+#if GATHER_LAYOUT == 0
+      const i64 page = table[b * table_stride + lp];
+#else
+      const i64 page = table[(i64)indptr[b] + lp];
+#endif
+      m = fmax_(m, v_descale[page * num_heads + h]);
+    }
+    for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+    if (lane_id() == 0) s_red[tid / ATOM_WARP_SIZE] = m;
+    sync_block();
+    if (tid == 0) {
+      for (int w = 1; w < GATHER_THREADS / ATOM_WARP_SIZE; ++w) m = fmax_(m, s_red[w]);
+      if (m > 0.f) atom::atomic_max(reinterpret_cast<u32*>(v_ref + i * num_heads + h), f32_as_u32(m));
+    }
+    sync_block();
+  }
+}
+#endif
