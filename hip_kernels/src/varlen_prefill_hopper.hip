@@ -63,6 +63,7 @@
 // 64 or 32 keys).
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
+// ROWSUM_MMA (0|1, default 1): per-tensor FP8's row sums by the tensor cores (A/B switch).
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -155,6 +156,16 @@ constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference 
 #define TWO_P (BN <= 128)
 #endif
 constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
+#ifndef ROWSUM_MMA
+#define ROWSUM_MMA 1
+#endif
+// Per-tensor FP8 (ROWSUM_MMA): P's row sums by the tensor cores, not one add per score (1.03-1.07x
+// on H100): P V runs N = D + 8 over V^T panels of D + 8 rows, the last 8 e4m3 ones (written once),
+// so O's accumulator carries l in 4 more registers, rescaled with O and summed from the same e4m3
+// P as O. Per-page P carries V's scales, so its sums are the adds'.
+constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
+constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
+constexpr int VSTAGE = kFp8 ? VROWS * BN : 2 * BN * D;  // bytes of a V stage
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
 constexpr int TILE = BN * D;      // elements of a K or V tile
@@ -186,7 +197,7 @@ static_assert(CTAS_PER_SM == 1 || (NWG == 1 && CTAS_PER_SM <= 3), "several CTAs 
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
 // Q ring (16-bit), O (16-bit), e4m3 Q (FP8), K ring, V ring, key-scale ring, Q's row scales (FP8)
 constexpr int SMEM_BYTES =
-    2 * QST * BM * D + 2 * BM * D + Q8 + EB * 2 * NST * TILE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
+    2 * QST * BM * D + 2 * BM * D + Q8 + EB * NST * TILE + NST * VSTAGE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
 // + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
 // reserved per resident CTA, and a CTA may have 227 KB.
 static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
@@ -282,7 +293,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
   unsigned char* sQ8 = reinterpret_cast<unsigned char*>(sO + BM * D);
   unsigned char* sK = sQ8 + Q8;
   unsigned char* sV = sK + EB * NST * TILE;
-  float* sS = reinterpret_cast<float*>(sV + EB * NST * TILE);
+  float* sS = reinterpret_cast<float*>(sV + NST * VSTAGE);
   float* sQsc = sS + NST * SC_TILE;
   u64* bars = reinterpret_cast<u64*>(sQsc + (kFp8 ? BM : 0));
   u64 *fullQ = bars, *emptyQ = bars + QST, *fullK = bars + 2 * QST, *emptyK = fullK + NST, *fullV = emptyK + NST,
@@ -314,6 +325,12 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       wg::mbar_init(emptyV + s, 4 * NWG);
     }
     wg::mbar_init_fence();
+  }
+  if constexpr (kRowsumMma) {  // every V^T panel's last 8 rows: e4m3 ones (0x38), never overwritten
+    constexpr int PANELS = NST * BN / VT_PANEL, WORDS = 8 * VT_PANEL / 4;
+    for (int i = (int)tid_x(); i < PANELS * WORDS; i += NTB)
+      reinterpret_cast<u32*>(sV + i / WORDS * VT_PANEL * VROWS + D * VT_PANEL)[i % WORDS] = 0x38383838u;
+    wg::fence_proxy_async();
   }
   sync_block();
 
@@ -370,23 +387,23 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stages, phases)
       // Shared-memory addresses as one 32-bit base and constant offsets: this thread has few registers.
       const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * QST * BM * D + 2 * BM * D + Q8, a_v = a_k + EB * NST * TILE,
-                a_s = a_v + EB * NST * TILE, a_bar = a_s + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
+                a_s = a_v + NST * VSTAGE, a_bar = a_s + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
       const u32 a_fullQ = a_bar, a_emptyQ = a_bar + 8 * QST, a_fullK = a_bar + 16 * QST, a_emptyK = a_fullK + 8 * NST,
                 a_fullV = a_emptyK + 8 * NST, a_emptyV = a_fullV + 8 * NST;
       // A K tile (with its key scales, KV_FP8 >= 2) or V tile of BN keys from `row` of KV head g.
       auto load_kv = [&](auto which, u32 full, u32 empty, int idx, int row, int g) {
         constexpr bool is_v = decltype(which)::value;  // a compile-time choice: this thread is short of registers
         const int s = idx % NST;
-        const u32 ring = is_v ? a_v : a_k;
+        const u32 ring = is_v ? a_v : a_k, slot = is_v ? VSTAGE : EB * TILE;  // bytes
         wg::mbar_wait(empty + 8 * s, ((idx / NST) & 1) ^ 1);
         wg::mbar_arrive_expect_tx(full + 8 * s, TILE * EB + (is_v ? 0 : SC_TILE * 4));
         if constexpr (kFp8) {
           if constexpr (is_v) {
 #pragma unroll
             for (int p = 0; p < BN / VT_PANEL; ++p)  // V^T: panels [D][VT_PANEL] bytes
-              wg::tma_load_3d(ring + s * TILE + p * VT_PANEL * D, &tm_v, full + 8 * s, row + p * VT_PANEL, 0, g);
+              wg::tma_load_3d(ring + s * slot + p * VT_PANEL * VROWS, &tm_v, full + 8 * s, row + p * VT_PANEL, 0, g);
           } else {
-            wg::tma_load_3d(ring + s * TILE, &tm_k, full + 8 * s, 0, g, row);
+            wg::tma_load_3d(ring + s * slot, &tm_k, full + 8 * s, 0, g, row);
             if (kKeyScales)  // a block past the pack's end arrives as zeros (its keys are masked)
 #pragma unroll
               for (int b = 0; b < SC_BLOCKS; ++b)
@@ -396,7 +413,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         } else {
 #pragma unroll
           for (int p = 0; p < D / 64; ++p)
-            wg::tma_load_3d(ring + 2 * (s * TILE + p * BN * 64), is_v ? &tm_v : &tm_k, full + 8 * s, p * 64, g, row);
+            wg::tma_load_3d(ring + s * slot + 2 * p * BN * 64, is_v ? &tm_v : &tm_k, full + 8 * s, p * 64, g, row);
         }
       };
       for (int un = 0;; ++un) {
@@ -481,6 +498,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
+      float lacc[4] = {};  // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal)
       constexpr int NPF = kFp8 ? BN / 32 : BN / 16;
       // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments). Two buffers (kTwoP): the
       // softmax of tile i writes one while O += P V of tile i - 1 reads the other, so converting P
@@ -519,12 +537,15 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::commit();
       };
       auto issue_pv = [&](int it, const op_t (&pa)[NPF]) {  // O += P V of tile it
-        const unsigned char* sVs = sV + EB * stage(it) * TILE;
+        const unsigned char* sVs = sV + stage(it) * VSTAGE;
         if constexpr (kFp8) {  // V^T panels [D][VT_PANEL]: K-major, keys in steps of 32 bytes
 #pragma unroll
-          for (int kk = 0; kk < BN / 32; ++kk)
-            wg::op8<D>::rs(oacc, pa[kk], wg::desc_bits(sVs + 32 * kk / VT_PANEL * VT_PANEL * D + 32 * kk % VT_PANEL, 16,
-                                                       8 * VT_PANEL, VT_LAYOUT));
+          for (int kk = 0; kk < BN / 32; ++kk) {
+            const u64 db = wg::desc_bits(sVs + 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL, 16, 8 * VT_PANEL,
+                                         VT_LAYOUT);
+            if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db);  // D = 128 (FP8)
+            else wg::op8<D>::rs(oacc, pa[kk], db);
+          }
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
 #pragma unroll
@@ -596,16 +617,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] *= pick(ks, e);
           }
         }
+        const bool masked = tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S);
 #if SOFTCAP
         // A masked tile caps first: tanh(-inf) = -1 would make a masked key visible.
-        const bool late = kLateCap && !tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S);
+        const bool late = kLateCap && !masked;
         if (!late)
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #endif
-        if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
+        if (masked) {
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
@@ -698,7 +720,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
             const float arg = x * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
-            rs[s] += pv;
+            if constexpr (!kRowsumMma) rs[s] += pv;
             if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vcn);
             else if constexpr (kKeyScales) sacc[nt].x[e] = pv * pick(vr, e);
             else sacc[nt].x[e] = pv;
@@ -721,7 +743,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float of[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          l_run[s] = l_run[s] * alpha[s] + rs[s];
+          if constexpr (!kRowsumMma) l_run[s] = l_run[s] * alpha[s] + rs[s];
           of[s] = alpha[s] * vfac;
           moved |= of[s] != 1.f;
         }
@@ -730,6 +752,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int dt = 0; dt < D / 16; ++dt)
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= of[acc_t::row_slot(e)];
+          if constexpr (kRowsumMma)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) lacc[e] *= of[e / 2];
         }
       };
 
@@ -812,6 +837,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           wg::wait<0>();
           free_v(it - 1);
           wg::fence_regs(oacc);
+          if constexpr (kRowsumMma) wg::fence_regs(lacc);
           wg::fence_regs(pa);  // read by the P V until here: not a register the softmax may reuse
           if (!kTwoP) to_operand(pb);
           finish(alpha, rs, vfac);
@@ -842,6 +868,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::wait<0>();
         free_v(n_iter - 1);
         wg::fence_regs(oacc);
+        if constexpr (kRowsumMma) wg::fence_regs(lacc);
         wg::fence_regs(pf);
         if (kTwoP) wg::fence_regs(pg);
       }
@@ -859,7 +886,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float inv[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          const float l = acc_t::row_sum(l_run[s]);
+          const float l = kRowsumMma ? lacc[2 * s] : acc_t::row_sum(l_run[s]);
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
