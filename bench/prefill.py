@@ -382,9 +382,10 @@ def main(argv=None):
                 mode = "per_page" if per_page else "per_tensor"
                 cache = fp8_paged(k, v, seqs, per_page=per_page)
                 measure(label, run_fp8(seqs, q, cache, with_gather=False, **fp8_kw), pairs, d, hq, rows, f"fp8 {mode}")
-                if per_page and label in FP8_SHAPES:
-                    measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows, "fp8 gather+kernel")
-                    measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, "dequant gather+bf16")
+                if label in FP8_SHAPES:  # the prefix-hit path: gather from the paged cache, then the kernel
+                    tag = "" if per_page else " per_tensor"  # per tensor: vLLM's FP8 cache
+                    measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows, f"fp8{tag} gather+kernel")
+                    measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, f"dequant{tag} gather+bf16")
                 del cache
         dense = all(s == seqs[0] for s in seqs)
         if dense and seqs[0][0] == seqs[0][1] and "window" not in kw and "softcap" not in kw:
@@ -418,12 +419,14 @@ def main(argv=None):
                 parts.append(f"{peer} {impls[peer]:.0f} ({ours / impls[peer]:.2f}x)" if ours else f"{peer} {impls[peer]:.0f}")
         print(f"  {label:<38} " + ", ".join(parts))
     for label, impls in by.items():
-        f8 = impls.get("fp8 per_page")
-        if f8:
+        for mode, tag in (("per_page", ""), ("per_tensor", " per_tensor")):
+            f8 = impls.get(f"fp8 {mode}")
+            if not f8:
+                continue
             peers = [(p, impls.get(p)) for p in ("ours", "sdpa-cudnn") if impls.get(p)]
-            print(f"  fp8 per_page [{label}]: {f8:.0f}, " + ", ".join(f"{f8 / t:.2f}x {p}" for p, t in peers)
-                  + (f"; fp8 gather+kernel {impls['fp8 gather+kernel'] / impls['dequant gather+bf16']:.2f}x "
-                     "dequant gather+bf16" if impls.get("fp8 gather+kernel") and impls.get("dequant gather+bf16") else ""))
+            g8, g16 = impls.get(f"fp8{tag} gather+kernel"), impls.get(f"dequant{tag} gather+bf16")
+            print(f"  fp8 {mode} [{label}]: {f8:.0f}, " + ", ".join(f"{f8 / t:.2f}x {p}" for p, t in peers)
+                  + (f"; fp8 gather+kernel {g8 / g16:.2f}x dequant gather+bf16" if g8 and g16 else ""))
     eq = by.get("causal 32/8 d128 4x4k", {}).get("ours")
     for label in by:
         if label.startswith("prefix") and eq and by[label].get("ours"):

@@ -383,6 +383,7 @@ def test_fp8_compute_registry_selection():
         names = [v.name for v in sel.variants["varlen"]]
         assert any(n.startswith("varlen_prefill_hopper") and f"KV_FP8={mode}" in n for n in names), names
         assert any(n.startswith("atom_gather_kv_fp8") for n in names)
+        assert any(n.startswith("atom_fp8_v_ref") for n in names) == (scale == "per_page")  # per page's pre-pass
         assert not any(n.startswith("atom_quantize_rows") for n in names)  # the kernel quantizes Q itself
     sel = registry.select(replace(FP8_LLAMA, kv_scale_mode="per_page", page_size=1), "sm_90a")
     assert any("KV_FP8=2" in v.name for v in sel.variants["varlen"])  # declared, though routed 16-bit

@@ -106,8 +106,10 @@ def _gather_entries(mod, arch: str) -> list[Entry]:
         d = _defines(v)
         layout = {0: "vllm", 1: "sglang"}.get(d.get("GATHER_LAYOUT"), "?")
         role = f"layout={layout}"
-        if v.kernel == getattr(mod, "FP8_KERNEL", None):  # e4m3 bytes in the FP8 prefill's layout
+        fp8_ref = v.kernel == getattr(mod, "V_REF_KERNEL", None)  # per page: its pre-pass (each request's V reference)
+        if v.kernel == getattr(mod, "FP8_KERNEL", None) or fp8_ref:  # e4m3 bytes in the FP8 prefill's layout
             scale = {1: "per_tensor", 2: "per_page"}[d["GATHER_SCALE"]]
+            role += " v_ref" if fp8_ref else ""
             for q in ("bf16", "fp16"):
                 out.append(Entry("gather_kv_fp8", "varlen", q, _native_fp8(arch), (scale,), 0, _PAGES, _ALL_FEATURES,
                                  (), (arch,), v.name, role))
@@ -307,7 +309,7 @@ def _fp8_variants(mods, facts, arch):
                              prefill.config_for(facts.head_dim, w, arch, fp8=name), prefill.KV_FP8_MODES[name])
         if v not in out:
             out.append(v)
-    return out + [gather.fp8_variant("vllm", scale)]
+    return out + [gather.fp8_variant("vllm", scale)] + ([gather.v_ref_variant("vllm")] if scale == "per_page" else [])
 
 
 def _splitkv_variants(mods, facts, arch, max_query_tokens: int):
