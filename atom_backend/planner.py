@@ -46,6 +46,7 @@ class Reason(str, Enum):
     SMALL_PREFILL = "small_prefill"
     GATHER_COST = "gather_cost"
     COST = "cost"
+    LONG_CONTEXT = "fp8_long_context"
 
 
 class PlanError(ValueError):
@@ -199,6 +200,11 @@ class PlannerConfig:
     # computes in 16 bits (accuracy-sensitive models); by default it computes in FP8 where the
     # kernel exists (docs/fp8.md)
     fp8_compute: bool = True
+    # ATOM_FP8_COMPUTE_MAX_KEYS: a varlen batch with a request of more keys computes in 16 bits (0:
+    # no limit). FP8 wgmma adds into its fp32 accumulator with ~14 bits, so O's sums over a long
+    # request lose their small terms once they grow like l (V with a mean): docs/fp8.md, measured
+    # rel 0.15 at 16k keys and 0.51 at 64k for V ~ N(2, 1), within the bound up to ~4k.
+    fp8_compute_max_keys: int = 4096
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -209,6 +215,8 @@ class PlannerConfig:
             raise PlanError("ATOM_MAX_SPLITS, ATOM_MIN_SPLIT_TOKENS and ATOM_LONG_SPLIT_TOKENS must be >= 1")
         if not 1 <= self.wave_fill <= 100:
             raise PlanError("ATOM_DECODE_WAVE_FILL must be in 1..100 (percent)")
+        if self.fp8_compute_max_keys < 0:
+            raise PlanError("ATOM_FP8_COMPUTE_MAX_KEYS must be >= 0 (0: no limit)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlannerConfig":
@@ -229,6 +237,7 @@ class PlannerConfig:
             cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
             deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
             fp8_compute=_env_flag(env, "ATOM_FP8_COMPUTE", True),
+            fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", 4096),
         )
 
 
@@ -563,6 +572,9 @@ def plan(
         decode_reason = None
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
     fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_FORMAT
+    if fp8_reason is None and config.fp8_compute_max_keys \
+            and int((new[varlen] + cached[varlen]).max()) > config.fp8_compute_max_keys:
+        fp8_reason = Reason.LONG_CONTEXT  # one pack per batch: its longest request decides
     fp8 = fp8_reason is None
     return Plan._make(
         decode=decode,

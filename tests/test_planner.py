@@ -372,6 +372,27 @@ def test_fp8_compute_env_flag():
         PlannerConfig.from_env({"ATOM_FP8_COMPUTE": "maybe"})
 
 
+def test_fp8_compute_long_requests_compute_in_16_bits():
+    """FP8 wgmma's accumulator adds with ~14 bits: past ATOM_FP8_COMPUTE_MAX_KEYS keys (new + cached)
+    in any varlen request, the batch's pack is 16-bit (docs/fp8.md, accuracy on long requests)."""
+    limit = DEFAULT.fp8_compute_max_keys
+    assert limit == 4096 == PlannerConfig.from_env({}).fp8_compute_max_keys
+    at = plan([limit, 300], [0, 0], FP8_LLAMA, H100, DEFAULT)
+    assert at.varlen_fp8 and at.varlen_compute_reason.value == "preferred"
+    for new, cached in (([limit + 1, 300], [0, 0]), ([300, 200], [0, limit])):  # cached keys count too
+        p = plan(new, cached, FP8_LLAMA, H100, DEFAULT)
+        assert not p.varlen_fp8 and p.varlen_compute_reason.value == "fp8_long_context"
+        assert p.gather_bytes == p.gather_tokens * FP8_LLAMA.gathered_bytes_per_token  # the dequantizing gather
+    unlimited = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})
+    assert plan([limit + 1], [0], FP8_LLAMA, H100, unlimited).varlen_fp8
+    assert not plan([2049], [0], FP8_LLAMA, H100, PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "2048"})).varlen_fp8
+    with pytest.raises(PlanError, match="ATOM_FP8_COMPUTE_MAX_KEYS"):
+        PlannerConfig(fp8_compute_max_keys=-1)
+    # the disabled switch names its own reason first
+    p = plan([limit + 1], [0], FP8_LLAMA, H100, PlannerConfig(fp8_compute=False))
+    assert p.varlen_compute_reason.value == "forced_by_config"
+
+
 def test_fp8_compute_registry_selection():
     """The registry's build selection of an FP8 model includes the FP8 prefill of the scale mode
     the gather packs for its page size and the FP8-layout gather (the kernel quantizes Q)."""

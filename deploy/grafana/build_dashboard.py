@@ -121,7 +121,8 @@ def build() -> dict:
             [q(f"sum by (compute, reason) (rate(atom_varlen_compute_requests_total{{{SEL}}}[{RI}]))",
                "{{compute}}: {{reason}}", "A")],
             "Varlen prefill requests computed in FP8 (FP8 cache, e4m3 tensor cores) or 16 bits, with the "
-            "reason when an FP8 cache is not computed in FP8 (forced_by_config: ATOM_FP8_COMPUTE=0; cost; "
+            "reason when an FP8 cache is not computed in FP8 (forced_by_config: ATOM_FP8_COMPUTE=0; "
+            "fp8_long_context: a request past ATOM_FP8_COMPUTE_MAX_KEYS; cost; "
             "unsupported_*; kernel_unavailable).",
             stack=True,
         ))

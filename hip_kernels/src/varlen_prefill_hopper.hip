@@ -63,7 +63,7 @@
 // 64 or 32 keys).
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
-// ROWSUM_MMA (0|1, default 1): per-tensor FP8's row sums by the tensor cores (A/B switch).
+// ROWSUM_MMA (0|1, default 0): per-tensor FP8's row sums by the tensor cores (below).
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -157,12 +157,13 @@ constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference 
 #endif
 constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 #ifndef ROWSUM_MMA
-#define ROWSUM_MMA 1
+#define ROWSUM_MMA 0
 #endif
-// Per-tensor FP8 (ROWSUM_MMA): P's row sums by the tensor cores, not one add per score (1.03-1.07x
-// on H100): P V runs N = D + 8 over V^T panels of D + 8 rows, the last 8 e4m3 ones (written once),
-// so O's accumulator carries l in 4 more registers, rescaled with O and summed from the same e4m3
-// P as O. Per-page P carries V's scales, so its sums are the adds'.
+// Per-tensor FP8 (ROWSUM_MMA, off until its GPU suite has run): P's row sums by the tensor cores,
+// not one add per score (1.05-1.08x on H100): P V runs N = D + 8 over V^T panels of D + 8 rows, the
+// last 8 e4m3 ones (written once), so 4 more accumulator registers take each tile's row sums of
+// the same e4m3 P as O, added to l in fp32 per tile. Per-page P carries V's scales, so its sums
+// are the adds'.
 constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
 constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
 constexpr int VSTAGE = kFp8 ? VROWS * BN : 2 * BN * D;  // bytes of a V stage
@@ -498,7 +499,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
-      float lacc[4] = {};  // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal)
+      // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal): one tile's row sums, zeroed before
+      // each P V and added to l_run in fp32 (FP8 wgmma accumulates with ~14 bits: summed across the
+      // tiles of a 64k-key request, l lost most of its terms).
+      float lacc[4] = {};
       constexpr int NPF = kFp8 ? BN / 32 : BN / 16;
       // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments). Two buffers (kTwoP): the
       // softmax of tile i writes one while O += P V of tile i - 1 reads the other, so converting P
@@ -743,7 +747,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float of[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          if constexpr (!kRowsumMma) l_run[s] = l_run[s] * alpha[s] + rs[s];
+          l_run[s] = kRowsumMma ? (l_run[s] + lacc[2 * s]) * alpha[s] : l_run[s] * alpha[s] + rs[s];
           of[s] = alpha[s] * vfac;
           moved |= of[s] != 1.f;
         }
@@ -752,9 +756,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int dt = 0; dt < D / 16; ++dt)
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= of[acc_t::row_slot(e)];
-          if constexpr (kRowsumMma)
+        }
+        if constexpr (kRowsumMma) {  // the next P V's sums start from zero, set before its wgmma.fence
 #pragma unroll
-            for (int e = 0; e < 4; ++e) lacc[e] *= of[e / 2];
+          for (int e = 0; e < 4; ++e) lacc[e] = 0.f;
+          wg::fence_regs(lacc);
         }
       };
 
@@ -868,7 +874,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::wait<0>();
         free_v(n_iter - 1);
         wg::fence_regs(oacc);
-        if constexpr (kRowsumMma) wg::fence_regs(lacc);
+        if constexpr (kRowsumMma) {
+          wg::fence_regs(lacc);
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) l_run[s] += lacc[2 * s];  // the last tile's
+        }
         wg::fence_regs(pf);
         if (kTwoP) wg::fence_regs(pg);
       }
@@ -886,7 +896,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float inv[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          const float l = kRowsumMma ? lacc[2 * s] : acc_t::row_sum(l_run[s]);
+          const float l = kRowsumMma ? l_run[s] : acc_t::row_sum(l_run[s]);
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
