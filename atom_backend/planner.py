@@ -203,8 +203,8 @@ class PlannerConfig:
     # ATOM_FP8_COMPUTE_MAX_KEYS: a varlen batch with a request of more keys computes in 16 bits (0:
     # no limit). FP8 wgmma adds into its fp32 accumulator with ~14 bits, so O's sums over a long
     # request lose their small terms once they grow like l (V with a mean): docs/fp8.md, measured
-    # rel 0.15 at 16k keys and 0.51 at 64k for V ~ N(2, 1), within the bound up to ~4k.
-    fp8_compute_max_keys: int = 4096
+    # rel 0.15 for a 16k causal request and 0.51 at 64k keys for V ~ N(2, 1); ~1k keys keeps the bound.
+    fp8_compute_max_keys: int = 1024
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -237,7 +237,7 @@ class PlannerConfig:
             cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
             deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
             fp8_compute=_env_flag(env, "ATOM_FP8_COMPUTE", True),
-            fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", 4096),
+            fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", 1024),
         )
 
 
@@ -572,8 +572,8 @@ def plan(
         decode_reason = None
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
     fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_FORMAT
-    if fp8_reason is None and config.fp8_compute_max_keys \
-            and int((new[varlen] + cached[varlen]).max()) > config.fp8_compute_max_keys:
+    keys = new[varlen] + cached[varlen] if fp8_reason is None else None
+    if keys is not None and config.fp8_compute_max_keys and int(keys.max()) > config.fp8_compute_max_keys:
         fp8_reason = Reason.LONG_CONTEXT  # one pack per batch: its longest request decides
     fp8 = fp8_reason is None
     return Plan._make(
@@ -588,7 +588,7 @@ def plan(
         empty=(new == 0).nonzero()[0] if len(pf) + n_dec < len(new) else _EMPTY,
         gather_tokens=gather_tokens,
         # FP8 compute copies the cache's bytes (requests padded to 128 keys, per-page scales)
-        gather_bytes=fp8_pack_bytes(new[varlen] + cached[varlen], facts) if fp8
+        gather_bytes=fp8_pack_bytes(keys, facts) if fp8
         else gather_tokens * facts.gathered_bytes_per_token,
         decode_tokens=decode_tokens,
         varlen_tokens=varlen_tokens,

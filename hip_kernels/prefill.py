@@ -76,8 +76,9 @@ class Config:
             blocks = 1 if FP8_ALIGN % self.block_n == 0 or self.block_n == FP8_ALIGN else 2
             scales = 4 * self.stages * 2 * FP8_ALIGN * blocks if kv_fp8 >= 2 else 0
             q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
-            rowsum = str(dict(self.extra).get("ROWSUM_MMA", 0)) == "1"  # the kernel's default: off
-            ones = 8 * self.stages * self.block_n if kv_fp8 == 1 and rowsum else 0  # V^T's rows of ones
+            # per tensor: V^T's rows of ones (ROWSUM_MMA), reserved whether or not a build uses them (a
+            # bench.ab base may default to it)
+            ones = 8 * self.stages * self.block_n if kv_fp8 == 1 else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + ones + 1024 + 512
         # 16-bit Q tile, K and V rings (FP8: of bytes; + slack for the first wgmma kernel, a bench reference

@@ -352,6 +352,7 @@ FP8_LLAMA = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tenso
 ], ids=["per_tensor", "per_page16", "page1024_softcap", "per_key_page1", "per_key_page24", "disabled", "d64",
         "gfx950", "gfx950_d64_per_page", "gfx942_fnuz", "gfx950_d256", "gfx1250", "bf16_cache"])
 def test_fp8_compute_routing(facts, platform, config, fp8, reason):
+    config = replace(config, fp8_compute_max_keys=0)  # the model's routing; the key limit has its own test
     p = plan([4096, 1, 300], [0, 900, 1200], facts, platform, config)
     assert list(p.varlen) == [0, 2]
     assert p.varlen_fp8 is fp8 and p.varlen_compute_reason.value == reason
@@ -376,7 +377,7 @@ def test_fp8_compute_long_requests_compute_in_16_bits():
     """FP8 wgmma's accumulator adds with ~14 bits: past ATOM_FP8_COMPUTE_MAX_KEYS keys (new + cached)
     in any varlen request, the batch's pack is 16-bit (docs/fp8.md, accuracy on long requests)."""
     limit = DEFAULT.fp8_compute_max_keys
-    assert limit == 4096 == PlannerConfig.from_env({}).fp8_compute_max_keys
+    assert limit == 1024 == PlannerConfig.from_env({}).fp8_compute_max_keys
     at = plan([limit, 300], [0, 0], FP8_LLAMA, H100, DEFAULT)
     assert at.varlen_fp8 and at.varlen_compute_reason.value == "preferred"
     for new, cached in (([limit + 1, 300], [0, 0]), ([300, 200], [0, limit])):  # cached keys count too
