@@ -146,9 +146,10 @@ def run_unified(seqs, q, k, v, cu_q, **kw):
     return fn
 
 
-def fp8_paged(k, v, seqs, page_size=16, per_page=True):
-    """k, v quantized into a permuted e4m3 paged cache (scales per page per head, or per tensor):
-    (k_cache, v_cache, block_table, cu_seqlens_k, scale kwargs)."""
+def fp8_paged(k, v, seqs, page_size=16, per_page=True, tensor_scale=1.0 / 64):
+    """k, v quantized into a permuted e4m3 paged cache (scales per page per head, or per tensor:
+    tensor_scale, whose 448 multiple must hold every value): (k_cache, v_cache, block_table,
+    cu_seqlens_k, scale kwargs)."""
     hk, d = k.shape[1], k.shape[2]
     dev = k.device
     fp8 = torch.float8_e4m3fn
@@ -170,13 +171,13 @@ def fp8_paged(k, v, seqs, page_size=16, per_page=True):
             x = x.view(need[i], page_size, hk, d)
             s = (x.abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12) if per_page else None
             if s is None:
-                s = torch.full((need[i], hk), 1.0 / 64, device=dev)  # randn fits 448 / 64 = 7 sigma
+                s = torch.full((need[i], hk), tensor_scale, device=dev)  # randn fits 448 / 64 = 7 sigma
             cache[pages] = (x / s[:, None, :, None]).to(fp8)
             desc[pages] = s
         at += need[i]
         t0 += b
     cu_k = torch.tensor([0] + [sum(b for _, b in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device=dev)
-    scales = {"k_descale": kd, "v_descale": vd} if per_page else {"k_scale": 1.0 / 64, "v_scale": 1.0 / 64}
+    scales = {"k_descale": kd, "v_descale": vd} if per_page else {"k_scale": tensor_scale, "v_scale": tensor_scale}
     return k_cache, v_cache, table, cu_k, scales
 
 

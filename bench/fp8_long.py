@@ -1,0 +1,83 @@
+"""`python -m bench.fp8_long`: FP8 compute's accuracy on long requests (docs/fp8.md "Long requests").
+
+The FP8 tensor cores keep ~14 bits when they add into their accumulator, so a sum over many key
+tiles drops its small terms once it is large against them: O's when V has a mean (it then grows
+like l), l's when the tensor cores sum P (`ROWSUM_MMA`). One request per shape, 32/8 heads, d128,
+causal bottom-right, random normal Q and K, V ~ N(offset, 1); FP8 compute (gather_kv_fp8 + the
+kernel) per page and per tensor (scale from the data's largest value), and per tensor with
+`ROWSUM_MMA` on; the reference is float32 attention on the dequantized cache. Prints the relative
+error and max |err| / max |V| of each; the bound of docs/fp8.md is rel 5e-2.
+
+    PYTHONPATH=. python -m bench.fp8_long [--shapes 512x65536,16384x16384] [--offsets 0,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from bench import prefill as bp
+from hip_kernels import prefill
+
+
+def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, chunk: int = 1024) -> torch.Tensor:
+    """float32 causal attention (bottom-right) of one request: q [sq, hq, d], k / v [sk, hk, d],
+    queries in chunks so that a 64k-key request fits (GQA: hq a multiple of hk)."""
+    sq, hq, d = q.shape
+    sk, hk = k.shape[0], k.shape[1]
+    kk = k.float().repeat_interleave(hq // hk, dim=1).permute(1, 0, 2)  # [hq, sk, d]
+    vv = v.float().repeat_interleave(hq // hk, dim=1).permute(1, 0, 2)
+    out = torch.empty(sq, hq, d, device=q.device)
+    keys = torch.arange(sk, device=q.device)[None, :]
+    for i0 in range(0, sq, chunk):
+        qc = q[i0:i0 + chunk].float().permute(1, 0, 2)
+        s = torch.matmul(qc, kk.transpose(1, 2)) * scale
+        last = torch.arange(i0, i0 + qc.shape[1], device=q.device)[:, None] + (sk - sq)  # each row's last key
+        s.masked_fill_(keys > last, float("-inf"))
+        out[i0:i0 + qc.shape[1]] = torch.matmul(torch.softmax(s, dim=-1), vv).permute(1, 0, 2)
+    return out
+
+
+def main(argv=None) -> None:
+    from atom_backend.tolerances import errors
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="512x65536,8192x32768,16384x16384", help="sq x sk, comma separated")
+    ap.add_argument("--offsets", default="0,2", help="V's means (its standard deviation is 1)")
+    args = ap.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    offsets = [float(x) for x in args.offsets.split(",")]
+    torch.manual_seed(0)
+    base = dict(prefill.FP8_TENSOR_CONFIGS)
+    print(f"{'sq x sk':>13} {'V mean':>6}  {'mode':<24} {'rel':>7} {'max/maxV':>9}", flush=True)
+    try:
+        for sq, sk in shapes:
+            for off in offsets:
+                seqs = [(sq, sk)]
+                q, k, v, _, _ = bp.make(seqs, 32, 8, 128)
+                v = (v.float() + off).to(v.dtype)
+                amax = max(k.abs().max().item(), v.abs().max().item())
+                for mode in ("per_page", "per_tensor", "per_tensor ROWSUM_MMA=1"):
+                    per_page = mode == "per_page"
+                    cache = bp.fp8_paged(k, v, seqs, per_page=per_page, tensor_scale=amax / 448)
+                    kc, vc, table, _, scales = cache
+                    kd, vd = (bp._dequant_torch(c, table, seqs, scales, w) for c, w in ((kc, "k"), (vc, "v")))
+                    extra = (("ROWSUM_MMA", 1 if "ROWSUM" in mode else 0),)
+                    prefill.FP8_TENSOR_CONFIGS[128] = dataclasses.replace(base[128], extra=base[128].extra + extra)
+                    prefill._variant.cache_clear()
+                    out = bp.run_fp8(seqs, q, cache, with_gather=True)().float()
+                    rel, mx = errors(out, causal_reference(q, kd, vd, 128 ** -0.5))
+                    print(f"{sq:>6}x{sk:<6} {off:>6.1f}  {mode:<24} {rel:>7.4f} {mx / vd.abs().max().item():>9.4f}",
+                          flush=True)
+                    del cache, kc, vc, kd, vd, out
+                    torch.cuda.empty_cache()
+    finally:
+        prefill.FP8_TENSOR_CONFIGS.clear()
+        prefill.FP8_TENSOR_CONFIGS.update(base)
+        prefill._variant.cache_clear()
+
+
+if __name__ == "__main__":
+    main()
