@@ -381,7 +381,8 @@ def record_fallback(reason: str, path: str) -> None:
         logger.debug("atom-backend fallback from %s: %s", path, reason)
     else:
         _logged_fallbacks.add(key)
-        logger.warning("atom-backend fallback from %s: %s (further ones are counted in atom_fallbacks_total)", path, reason)
+        logger.warning("atom-backend fallback from %s: %s (further ones are counted in atom_fallbacks_total)",
+                       path, reason)
     (_impl or _init()).record_fallback(reason, path)
 
 

@@ -85,7 +85,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=6, help="a multiple of 3: each variant leads equally often")
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the work variant")
-    ap.add_argument("--fp8", action="store_true", help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes and the soft-cap one")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes and the soft-cap one")
     ap.add_argument("--fp8-config", default=None, help="FIELD=INT,... of the work variant's FP8 tile (prefill.Config)")
     args = ap.parse_args(argv)
 

@@ -22,7 +22,8 @@ from bench import prefill as bp
 from hip_kernels import prefill
 
 
-def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, chunk: int = 1024) -> torch.Tensor:
+def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     chunk: int = 1024) -> torch.Tensor:
     """float32 causal attention (bottom-right) of one request: q [sq, hq, d], k / v [sk, hk, d],
     queries in chunks so that a 64k-key request fits (GQA: hq a multiple of hk)."""
     sq, hq, d = q.shape

@@ -378,14 +378,16 @@ def main(argv=None):
                 prefill.WINDOW_CONFIGS[d] = wbase
             prefill.WGMMA_CONFIGS = wg
         fp8_kw = {"softcap": kw["softcap"]} if "softcap" in kw else {}  # Gemma-2 with an FP8 KV cache
-        if (label in FP8_SHAPES or fp8_kw) and not args.no_fp8 and prefill.fp8_compute_available(d, prefill._default_arch()):
+        fp8_here = prefill.fp8_compute_available(d, prefill._default_arch())
+        if (label in FP8_SHAPES or fp8_kw) and not args.no_fp8 and fp8_here:
             for per_page in (True, False):
                 mode = "per_page" if per_page else "per_tensor"
                 cache = fp8_paged(k, v, seqs, per_page=per_page)
                 measure(label, run_fp8(seqs, q, cache, with_gather=False, **fp8_kw), pairs, d, hq, rows, f"fp8 {mode}")
                 if label in FP8_SHAPES:  # the prefix-hit path: gather from the paged cache, then the kernel
                     tag = "" if per_page else " per_tensor"  # per tensor: vLLM's FP8 cache
-                    measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows, f"fp8{tag} gather+kernel")
+                    measure(label, run_fp8(seqs, q, cache, with_gather=True), pairs, d, hq, rows,
+                            f"fp8{tag} gather+kernel")
                     measure(label, run_dequant(seqs, q, cache), pairs, d, hq, rows, f"dequant{tag} gather+bf16")
                 del cache
         dense = all(s == seqs[0] for s in seqs)

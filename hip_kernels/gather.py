@@ -76,9 +76,9 @@ def variants() -> list[Variant]:
 
 # The FP8 prefill's K/V layout (src/fp8_pack.h). Every request starts at a multiple of FP8_ALIGN rows
 # (the Hopper kernel's 128-key tile, so a 128-row block of keys is one tile of one request); per-page
-# V scales are stored relative to their request's largest (per head, in v_max); within each 32 keys, V^T holds key FP8_KEY_ORDERS[order][p] at position p: the
-# order in which P's accumulators, as they stand, are the e4m3 left operand of P V on the device
-# (atom_mma.h to_operand_fp8, fp8_p_key).
+# V scales are stored relative to their request's largest (per head, in v_max); within each 32 keys,
+# V^T holds key FP8_KEY_ORDERS[order][p] at position p: the order in which P's accumulators, as they
+# stand, are the e4m3 left operand of P V on the device (atom_mma.h to_operand_fp8, fp8_p_key).
 #   "nvidia": wgmma k32 (the Hopper kernel) and mma.sync m16n8k32 (the portable body, sm_89+) take
 #             the same A fragment: lane q = lane % 4 holds keys 2q, 2q+1, 8+2q, 9+2q of each 16.
 #   "mfma":   MFMA 16x16x32 fp8 (the portable body on gfx942 / gfx950): lane group q = lane / 16

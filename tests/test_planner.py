@@ -386,7 +386,8 @@ def test_fp8_compute_long_requests_compute_in_16_bits():
         assert p.gather_bytes == p.gather_tokens * FP8_LLAMA.gathered_bytes_per_token  # the dequantizing gather
     unlimited = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})
     assert plan([limit + 1], [0], FP8_LLAMA, H100, unlimited).varlen_fp8
-    assert not plan([2049], [0], FP8_LLAMA, H100, PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "2048"})).varlen_fp8
+    at_2048 = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "2048"})
+    assert not plan([2049], [0], FP8_LLAMA, H100, at_2048).varlen_fp8
     with pytest.raises(PlanError, match="ATOM_FP8_COMPUTE_MAX_KEYS"):
         PlannerConfig(fp8_compute_max_keys=-1)
     # the disabled switch names its own reason first
