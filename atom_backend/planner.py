@@ -126,6 +126,9 @@ class Platform:
     varlen_caps: _rules.PathCaps | None = None
     # FP8 compute inside the varlen path (FP8 prefill kernel, its gather, Q's quantizer)
     varlen_fp8_caps: _rules.PathCaps | None = None
+    # The longest varlen request (keys) FP8 compute is known accurate for here (0: any): the FP8
+    # kernel's accumulator over a long request (hip_kernels.prefill.fp8_accurate_keys)
+    fp8_max_keys: int = 0
     splitkv_caps: _rules.PathCaps | None = None
     cost: object | None = None
     # Split-KV CTAs resident per SM (H100, tensor-core decode kernel at head_dim 128: register
@@ -154,7 +157,7 @@ def reduce_layer_windows(windows) -> tuple:
     return tuple(w for w, c in sorted(counts.items()) for _ in range(c // g))
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -201,10 +204,9 @@ class PlannerConfig:
     # kernel exists (docs/fp8.md)
     fp8_compute: bool = True
     # ATOM_FP8_COMPUTE_MAX_KEYS: a varlen batch with a request of more keys computes in 16 bits (0:
-    # no limit). FP8 wgmma adds into its fp32 accumulator with ~14 bits, so O's sums over a long
-    # request lose their small terms once they grow like l (V with a mean): docs/fp8.md, measured
-    # rel 0.15 for a 16k causal request and 0.51 at 64k keys for V ~ N(2, 1); ~1k keys keeps the bound.
-    fp8_compute_max_keys: int = 1024
+    # no limit). Unset: the platform's fp8_max_keys (none on sm_90a, whose kernel moves O to fp32
+    # every 1024 keys; 1024 where O stays in the accumulator: docs/fp8.md "Long requests").
+    fp8_compute_max_keys: int | None = None
 
     def __post_init__(self) -> None:
         if self.force_path not in ("", "varlen", "unified"):
@@ -215,7 +217,7 @@ class PlannerConfig:
             raise PlanError("ATOM_MAX_SPLITS, ATOM_MIN_SPLIT_TOKENS and ATOM_LONG_SPLIT_TOKENS must be >= 1")
         if not 1 <= self.wave_fill <= 100:
             raise PlanError("ATOM_DECODE_WAVE_FILL must be in 1..100 (percent)")
-        if self.fp8_compute_max_keys < 0:
+        if self.fp8_compute_max_keys is not None and self.fp8_compute_max_keys < 0:
             raise PlanError("ATOM_FP8_COMPUTE_MAX_KEYS must be >= 0 (0: no limit)")
 
     @classmethod
@@ -237,7 +239,7 @@ class PlannerConfig:
             cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
             deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
             fp8_compute=_env_flag(env, "ATOM_FP8_COMPUTE", True),
-            fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", 1024),
+            fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", None),
         )
 
 
@@ -573,7 +575,8 @@ def plan(
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
     fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_FORMAT
     keys = new[varlen] + cached[varlen] if fp8_reason is None else None
-    if keys is not None and config.fp8_compute_max_keys and int(keys.max()) > config.fp8_compute_max_keys:
+    limit = platform.fp8_max_keys if config.fp8_compute_max_keys is None else config.fp8_compute_max_keys
+    if keys is not None and limit and int(keys.max()) > limit:
         fp8_reason = Reason.LONG_CONTEXT  # one pack per batch: its longest request decides
     fp8 = fp8_reason is None
     return Plan._make(

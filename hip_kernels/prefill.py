@@ -61,6 +61,9 @@ class Config:
     pingpong: bool = True  # Hopper: consumer warpgroups take turns to issue their MMAs
     q_stages: int = 2  # Hopper: Q buffers (2: the next work unit's Q loads during this one)
     ctas: int = 0  # Hopper, one consumer warpgroup: CTAs per SM (0: 2); 3 fits d64 with 64-key tiles
+    # Hopper FP8: O's sums leave the tensor cores for fp32 shared memory every o_promote tiles in
+    # work units of more than 1024 keys (0: never; needs q_stages 1: docs/fp8.md "Long requests")
+    o_promote: int = 0
 
     @property
     def block_m(self) -> int:
@@ -79,7 +82,8 @@ class Config:
             # per tensor: V^T's rows of ones (ROWSUM_MMA), reserved whether or not a build uses them (a
             # bench.ab base may default to it)
             ones = 8 * self.stages * self.block_n if kv_fp8 == 1 else 0
-            return 2 * head_dim * (self.q_stages + 1) * self.block_m + eb * head_dim * 2 * self.stages * self.block_n \
+            promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote else 0  # O's fp32 partials, with sO
+            return 2 * head_dim * (self.q_stages + 1) * self.block_m + promote + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + ones + 1024 + 512
         # 16-bit Q tile, K and V rings (FP8: of bytes; + slack for the first wgmma kernel, a bench reference
         # while it lasts)
@@ -118,12 +122,14 @@ WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmm
 WGMMA_WINDOW_CONFIGS = {64: Config(4, 64, 3, wgmma=True, q_stages=1, ctas=3), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
 # FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8),
-# every window, by scale mode. Per-page scales: two consumer warpgroups of 128-key tiles (BLOCK_M
-# 128). Per-tensor scales: three of 96-key tiles (BLOCK_M 192): a third consumer warp per
-# scheduler fills the dependency waits of the other two's softmax (1.05-1.11x on H100; per page,
-# whose scales need more registers, it spills in the loop and loses: docs/perf/prefill.md stop 36).
-FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True)}
-FP8_TENSOR_CONFIGS = {128: Config(12, 96, 3, wgmma=True, q_stages=1)}
+# every window, by scale mode: two consumer warpgroups of 128-key tiles (BLOCK_M 128) whose O
+# leaves the tensor cores' accumulator for fp32 shared memory every 8 tiles (1024 keys) in work
+# units of more keys (o_promote: the FP8 accumulator keeps ~14 bits, docs/fp8.md "Long requests";
+# 0.93-0.97x on H200, the promotions' shared-memory traffic and the Q stage they take). Per tensor
+# ran three consumer warpgroups of 96-key tiles until stop 40 (1.04-1.06x these; no shared memory
+# or registers left for the promotion).
+FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
+FP8_TENSOR_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
 # FP8 compute on the portable body (KV_FP8 in src/varlen_prefill.hip), on PORTABLE_FP8_ARCHS: 64 rows
 # (4 waves of 16 on AMD), 64-key tiles, two stages: 48 KB of shared memory, inside gfx942's 64 KB
 # LDS. Not tuned (no AMD device here): the shape that compiles without spills on gfx942 / gfx950.
@@ -158,6 +164,19 @@ def _fp8_scale(fp8) -> str | None:
 def fp8_compute_available(head_dim: int, arch: str | None) -> bool:
     """An FP8-compute prefill kernel exists for this head dim on `arch`."""
     return head_dim in _fp8_configs(arch)
+
+
+# Keys per request that FP8 compute was measured accurate at with O summed in the tensor cores'
+# accumulator across the request (H100, V with a mean: docs/fp8.md "Long requests").
+FP8_ACCUMULATED_KEYS = 1024
+
+
+def fp8_accurate_keys(arch: str | None) -> int:
+    """The longest request (keys) FP8 compute on `arch` is known accurate for; 0: any. The Hopper
+    tiles move O to fp32 every 1024 keys (o_promote); the portable body sums O in its accumulator
+    over the whole request (MFMA e4m3's accumulation not measured: no AMD device here)."""
+    cfgs = [c for scale in KV_FP8_MODES for c in _fp8_configs(arch, scale).values()]
+    return 0 if cfgs and all(c.o_promote for c in cfgs) else FP8_ACCUMULATED_KEYS
 
 
 def config_for(head_dim: int, window: int = 0, arch: str | None = None, fp8: str | None = None) -> Config:
@@ -221,6 +240,7 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
                         "CONSUMERS": cfg.num_warps // 4, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
                         "PINGPONG": int(cfg.pingpong and cfg.num_warps >= 8), "Q_STAGES": cfg.q_stages,
                         **({"CTAS": cfg.ctas} if cfg.ctas else {}),
+                        **({"O_PROMOTE": cfg.o_promote} if cfg.o_promote and kv_fp8 else {}),
                         **fp8, **dict(cfg.extra)})
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,

@@ -398,7 +398,6 @@ def test_a_kernel_that_fails_at_run_time_is_planned_around(monkeypatch):
 
     monkeypatch.setattr(executors, "_gpu_varlen", failing_varlen)
     monkeypatch.setattr(executors, "_gpu_unified", lambda *a: ran.append("unified"))
-    # within ATOM_FP8_COMPUTE_MAX_KEYS (1024 keys per request)
     case = Case([300, 900], [0, 100], hq=32, hk=8, d=128, dtype=torch.bfloat16, fp8=True)
     b = AtomMetadataBuilder.for_model(case.facts(), PlannerConfig(), "cpu", platform_for("sm_90a", use_tables=False))
     first = b.build(0, case.common()).plan

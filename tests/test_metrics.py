@@ -340,7 +340,7 @@ def test_varlen_compute_precision_is_counted():
     h100 = platform_for("sm_90a", use_tables=False)
     m.record_plan(plan([1024, 300], [0, 100], fp8, h100, PlannerConfig()), 1e-5)
     m.record_plan(plan([2048], [0], fp8, h100, PlannerConfig(fp8_compute=False)), 1e-5)
-    m.record_plan(plan([300, 2000], [0, 100], fp8, h100, PlannerConfig()), 1e-5)  # past ATOM_FP8_COMPUTE_MAX_KEYS
+    m.record_plan(plan([300, 2000], [0, 100], fp8, h100, PlannerConfig(fp8_compute_max_keys=1024)), 1e-5)  # past it
     m.record_plan(plan([512], [0], _replace(fp8, kv_dtype="bf16", kv_scale_mode="none"), h100, PlannerConfig()), 1e-5)
     assert _value(reg, "atom_varlen_compute_requests_total", compute="fp8", reason="preferred") == 2
     assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="forced_by_config") == 1

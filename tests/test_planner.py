@@ -374,14 +374,24 @@ def test_fp8_compute_env_flag():
 
 
 def test_fp8_compute_long_requests_compute_in_16_bits():
-    """FP8 wgmma's accumulator adds with ~14 bits: past ATOM_FP8_COMPUTE_MAX_KEYS keys (new + cached)
-    in any varlen request, the batch's pack is 16-bit (docs/fp8.md, accuracy on long requests)."""
-    limit = DEFAULT.fp8_compute_max_keys
-    assert limit == 1024 == PlannerConfig.from_env({}).fp8_compute_max_keys
-    at = plan([limit, 300], [0, 0], FP8_LLAMA, H100, DEFAULT)
+    """Past ATOM_FP8_COMPUTE_MAX_KEYS keys (new + cached) in any varlen request, the batch's pack is
+    16-bit. Unset, the limit is the platform's: none on sm_90a (the Hopper kernel moves O to fp32
+    every 1024 keys), 1024 on gfx942 / gfx950, whose portable body keeps O in the accumulator
+    (docs/fp8.md, accuracy on long requests)."""
+    assert DEFAULT.fp8_compute_max_keys is None is PlannerConfig.from_env({}).fp8_compute_max_keys
+    assert H100.fp8_max_keys == 0 and plan([65536], [0], FP8_LLAMA, H100, DEFAULT).varlen_fp8
+    mi355 = platform_for("gfx950", use_tables=False)
+    assert mi355.fp8_max_keys == 1024
+    assert plan([1024], [0], FP8_LLAMA, mi355, DEFAULT).varlen_fp8
+    p = plan([1000], [25], FP8_LLAMA, mi355, DEFAULT)
+    assert not p.varlen_fp8 and p.varlen_compute_reason.value == "fp8_long_context"
+    assert plan([4096], [0], FP8_LLAMA, mi355, PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})).varlen_fp8
+    limit = 1024
+    config = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": str(limit)})
+    at = plan([limit, 300], [0, 0], FP8_LLAMA, H100, config)
     assert at.varlen_fp8 and at.varlen_compute_reason.value == "preferred"
     for new, cached in (([limit + 1, 300], [0, 0]), ([300, 200], [0, limit])):  # cached keys count too
-        p = plan(new, cached, FP8_LLAMA, H100, DEFAULT)
+        p = plan(new, cached, FP8_LLAMA, H100, config)
         assert not p.varlen_fp8 and p.varlen_compute_reason.value == "fp8_long_context"
         assert p.gather_bytes == p.gather_tokens * FP8_LLAMA.gathered_bytes_per_token  # the dequantizing gather
     unlimited = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})
@@ -391,7 +401,7 @@ def test_fp8_compute_long_requests_compute_in_16_bits():
     with pytest.raises(PlanError, match="ATOM_FP8_COMPUTE_MAX_KEYS"):
         PlannerConfig(fp8_compute_max_keys=-1)
     # the disabled switch names its own reason first
-    p = plan([limit + 1], [0], FP8_LLAMA, H100, PlannerConfig(fp8_compute=False))
+    p = plan([limit + 1], [0], FP8_LLAMA, H100, replace(config, fp8_compute=False))
     assert p.varlen_compute_reason.value == "forced_by_config"
 
 

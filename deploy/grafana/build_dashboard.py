@@ -122,7 +122,7 @@ def build() -> dict:
                "{{compute}}: {{reason}}", "A")],
             "Varlen prefill requests computed in FP8 (FP8 cache, e4m3 tensor cores) or 16 bits, with the "
             "reason when an FP8 cache is not computed in FP8 (forced_by_config: ATOM_FP8_COMPUTE=0; "
-            "fp8_long_context: a request past ATOM_FP8_COMPUTE_MAX_KEYS; cost; "
+            "fp8_long_context: a request past the key limit (ATOM_FP8_COMPUTE_MAX_KEYS or the platform's); cost; "
             "unsupported_*; kernel_unavailable).",
             stack=True,
         ))

@@ -47,6 +47,8 @@
 //                        scales, so K's joins the exp2's multiplier and the row max is taken per
 //                        16 keys on the unscaled S (no multiply per element: the one on the path
 //                        from S to the max cost 20-30% of the kernel as KV_FP8 = 2).
+//                        O_PROMOTE: the FP8 accumulator adds with ~14 bits, so a unit of
+//                        many keys moves O to fp32 shared memory every O_PROMOTE tiles.
 // Rows that a TMA box reads past a request (the next request's, or zero past the tensor) are
 // masked (keys) or never stored (queries); masked keys get P = 0 exactly.
 //
@@ -64,6 +66,8 @@
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
 // ROWSUM_MMA (0|1, default 0): per-tensor FP8's row sums by the tensor cores (below).
+// O_PROMOTE (tiles, default 0: off): FP8 O's sums in fp32 shared memory, restarted in the tensor
+// cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -166,6 +170,20 @@ constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 // are the adds'.
 constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
 constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
+#ifndef O_PROMOTE
+#define O_PROMOTE 0
+#endif
+// FP8 wgmma adds into its accumulator keeping ~14 bits (docs/fp8.md "Long requests"): with V's mean
+// in it, O grows like l and a long request's later products lose their low bits against it (rel
+// 0.15 at 16k keys). Two-level accumulation: each O_PROMOTE tiles' P V start from zero in the
+// tensor cores (scale-d 0) and are added in fp32 to O's partial in shared memory (16 bytes per
+// thread and chunk, consecutive threads adjacent: no bank conflicts), in units of the row factors
+// part_f that later rescales multiply. Units of one such chunk or less skip it (8 x 128 keys
+// measured ~0.01 rel). The partial of a consumer warpgroup is 16 KB of its own (the Q stage that
+// Q_STAGES 1 leaves) and its 64 rows of sO, which the epilogue reads back before it writes O there.
+constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
+static_assert(!kPromote || (QST == 1 && D == 128), "O_PROMOTE: Q_STAGES 1, head_dim 128");
+constexpr int PRO = kPromote ? 2 * BM * D : 0;  // bytes of the partials' own area, before sO
 constexpr int VSTAGE = kFp8 ? VROWS * BN : 2 * BN * D;  // bytes of a V stage
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
@@ -196,9 +214,9 @@ constexpr int PRODUCER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 40 : 56) : NWG == 2
 constexpr int CONSUMER_REGS = NWG == 1 ? (CTAS_PER_SM == 3 ? 120 : 200) : NWG == 2 ? (kKeyScales ? 224 : 232) : 160;
 static_assert(CTAS_PER_SM == 1 || (NWG == 1 && CTAS_PER_SM <= 3), "several CTAs per SM: one consumer warpgroup");
 static_assert(128 * (PRODUCER_REGS + NWG * CONSUMER_REGS) <= NTB * ENTRY_REGS, "register pool of the CTA");
-// Q ring (16-bit), O (16-bit), e4m3 Q (FP8), K ring, V ring, key-scale ring, Q's row scales (FP8)
+// Q ring (16-bit), O's partials (O_PROMOTE), O (16-bit), e4m3 Q (FP8), K ring, V ring, key-scale ring, Q's row scales (FP8)
 constexpr int SMEM_BYTES =
-    2 * QST * BM * D + 2 * BM * D + Q8 + EB * NST * TILE + NST * VSTAGE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
+    2 * QST * BM * D + PRO + 2 * BM * D + Q8 + EB * NST * TILE + NST * VSTAGE + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
 // + 1024 bytes of alignment slack and 512 of barriers per CTA; the SM has 228 KB, 1 KB of it
 // reserved per resident CTA, and a CTA may have 227 KB.
 static_assert(SMEM_BYTES + 1024 + 512 <= 227 * 1024 && CTAS_PER_SM * (SMEM_BYTES + 2048 + 512) <= 228 * 1024,
@@ -287,10 +305,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
                       float a_log2, float c_log2) {
 #if ATOM_HAS_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Byte layout: Q ring, O, e4m3 Q, K ring, V ring, key-scale ring, Q's row scales, barriers
-  // (every part 1024-aligned but the last three).
+  // Byte layout: Q ring, O's partials (O_PROMOTE), O, e4m3 Q, K ring, V ring, key-scale ring, Q's row
+  // scales, barriers (every part 1024-aligned but the last three).
   unsigned char* sQ = static_cast<unsigned char*>(wg::align1024(smem_raw));
-  u16* sO = reinterpret_cast<u16*>(sQ + 2 * QST * BM * D);
+  unsigned char* sPro = sQ + 2 * QST * BM * D;
+  u16* sO = reinterpret_cast<u16*>(sPro + PRO);
   unsigned char* sQ8 = reinterpret_cast<unsigned char*>(sO + BM * D);
   unsigned char* sK = sQ8 + Q8;
   unsigned char* sV = sK + EB * NST * TILE;
@@ -387,7 +406,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     } else if (tid_x() == 0) {
       int base = 0, qn = 0;  // K/V tiles and Q tiles loaded so far (ring stages, phases)
       // Shared-memory addresses as one 32-bit base and constant offsets: this thread has few registers.
-      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * QST * BM * D + 2 * BM * D + Q8, a_v = a_k + EB * NST * TILE,
+      const u32 a_q = wg::smem_addr(sQ), a_k = a_q + 2 * QST * BM * D + PRO + 2 * BM * D + Q8, a_v = a_k + EB * NST * TILE,
                 a_s = a_v + NST * VSTAGE, a_bar = a_s + 4 * NST * SC_TILE + (kFp8 ? 4 * BM : 0);
       const u32 a_fullQ = a_bar, a_emptyQ = a_bar + 8 * QST, a_fullK = a_bar + 16 * QST, a_emptyK = a_fullK + 8 * NST,
                 a_fullV = a_emptyK + 8 * NST, a_emptyV = a_fullV + 8 * NST;
@@ -503,6 +522,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // each P V and added to l_run in fp32 (FP8 wgmma accumulates with ~14 bits: summed across the
       // tiles of a 64k-key request, l lost most of its terms).
       float lacc[4] = {};
+      // O_PROMOTE: O = part * part_f + oacc (part: this thread's 64 floats in shared memory, once has_part).
+      float part_f[acc_t::row_slots];
+      bool has_part = false;
       constexpr int NPF = kFp8 ? BN / 32 : BN / 16;
       // P as the A operand of P V (k16 16-bit or k32 e4m3 fragments). Two buffers (kTwoP): the
       // softmax of tile i writes one while O += P V of tile i - 1 reads the other, so converting P
@@ -515,6 +537,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       for (int s = 0; s < acc_t::row_slots; ++s) {
         m_run[s] = neg_inf();
         l_run[s] = 0.f;
+        part_f[s] = 1.f;
       }
 
       auto stage = [&](int it) { return (base + it) % NST; };
@@ -540,15 +563,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
         wg::commit();
       };
+      // O_PROMOTE: P V(j) starts O's registers from zero after a promotion (restart(j)).
+      const bool promo = kPromote && n_iter > kPromote;
+      auto restart = [&](int j) { return promo && j > 0 && j % (kPromote ? kPromote : 1) == 0; };
       auto issue_pv = [&](int it, const op_t (&pa)[NPF]) {  // O += P V of tile it
         const unsigned char* sVs = sV + stage(it) * VSTAGE;
         if constexpr (kFp8) {  // V^T panels [D][VT_PANEL]: K-major, keys in steps of 32 bytes
+          const int keep = restart(it) ? 0 : 1;
 #pragma unroll
           for (int kk = 0; kk < BN / 32; ++kk) {
             const u64 db = wg::desc_bits(sVs + 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL, 16, 8 * VT_PANEL,
                                          VT_LAYOUT);
-            if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db);  // D = 128 (FP8)
-            else wg::op8<D>::rs(oacc, pa[kk], db);
+            if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db, kk ? 1 : keep);  // D = 128 (FP8)
+            else wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
           }
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
@@ -757,10 +784,53 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) oacc[dt].x[e] *= of[acc_t::row_slot(e)];
         }
+        if constexpr (kPromote != 0)
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) part_f[s] *= of[s];
         if constexpr (kRowsumMma) {  // the next P V's sums start from zero, set before its wgmma.fence
 #pragma unroll
           for (int e = 0; e < 4; ++e) lacc[e] = 0.f;
           wg::fence_regs(lacc);
+        }
+      };
+
+      // O_PROMOTE: this thread's chunk i (0..15: oacc[i / 2].x[4 (i % 2) ..]) of O's partial: 8 in
+      // the warpgroup's own 16 KB, 4 in each 64-column panel of its rows of sO.
+      auto part_chunk = [&](int i) {
+        const int t = (int)(tid_x() % 128);
+        unsigned char* p = i < 8 ? sPro + grp * 128 * D + (i * 128 + t) * 16
+                                 : reinterpret_cast<unsigned char*>(sO) + (i - 8) / 4 * BM * 128 + grp * 64 * 128 +
+                                       ((i - 8) % 4 * 128 + t) * 16;
+        return reinterpret_cast<float4*>(p);
+      };
+      auto with_part = [&](int i) {  // O's chunk i: x[0..1] of row slot 0, x[2..3] of slot 1
+        const float* x = oacc[i / 2].x + 4 * (i % 2);
+        const float4 a = *part_chunk(i);
+        return float4{fmaf(a.x, part_f[0], x[0]), fmaf(a.y, part_f[0], x[1]), fmaf(a.z, part_f[1], x[2]),
+                      fmaf(a.w, part_f[1], x[3])};
+      };
+      // O's registers (complete P V's) into the partial: part = part * part_f + oacc, part_f = 1. The
+      // first of a unit waits until the previous unit's O has left sO (TMA stores, other threads' reads).
+      auto promote = [&]() {
+        if (!has_part) {
+          if (o_issuer) wg::bulk_wait_read<0>();
+          wg::bar_sync(epi_bar(grp), 128);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float* x = oacc[i / 2].x + 4 * (i % 2);
+          *part_chunk(i) = has_part ? with_part(i) : float4{x[0], x[1], x[2], x[3]};
+        }
+        has_part = true;
+#pragma unroll
+        for (int s = 0; s < acc_t::row_slots; ++s) part_f[s] = 1.f;
+      };
+      // Before P V(j) restarts O's registers: under S(j + 1) in the tensor cores (O's registers are
+      // complete since the last round's wait), then a fence orders those reads before the P V's writes.
+      auto promote_before = [&](int j) {
+        if (restart(j)) {
+          promote();
+          wg::fence();
         }
       };
 
@@ -831,6 +901,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           turn_wait();
           wg::fence();
           issue_s(it);
+          promote_before(it - 1);
           issue_pv(it - 1, pa);
           turn_pass();
           load_groups(it);
@@ -852,6 +923,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           wait_v(n_iter - 1);
           turn_wait();
           wg::fence();
+          promote_before(n_iter - 1);
           issue_pv(n_iter - 1, pa);
           turn_pass();
         };
@@ -890,6 +962,16 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // or 64 rows not a multiple of G) 16-byte stores of the rows in it. The TMA store frees the
       // warpgroup at once: the 16-byte stores of a d128 tile took ~2000 cycles per unit on H100.
       const bool tma_o = 64 % G == 0 && u.m0 + (64 * grp + 64) / G <= u.sq;
+      if (kPromote && has_part)  // read back before the barrier: the rows of sO are written after it
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float4 r = with_part(i);
+          float* x = oacc[i / 2].x + 4 * (i % 2);
+          x[0] = r.x;
+          x[1] = r.y;
+          x[2] = r.z;
+          x[3] = r.w;
+        }
       if (o_issuer) wg::bulk_wait_read<0>();
       wg::bar_sync(epi_bar(grp), 128);
       {
