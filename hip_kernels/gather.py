@@ -363,8 +363,8 @@ def gather_kv_fp8(
                                                   seq_ids, table, indptr, v_descale, num_seqs, table_stride,
                                                   page_size, heads)
     kern = runtime.load(fp8_variant(layout, "per_tensor" if scale == "per_tensor" else "per_page"), dev)
-    kern(blocks, THREADS, k8, vt8, key_scales, v_max, k_cache, v_cache, cu_seqlens_k, cu_kp, seq_ids, table, indptr,
-         k_descale, v_descale, v_ref, total_pad, num_seqs, table_stride, page_size,
+    kern((blocks, heads), THREADS, k8, vt8, key_scales, v_max, k_cache, v_cache, cu_seqlens_k, cu_kp, seq_ids, table,
+         indptr, k_descale, v_descale, v_ref, total_pad, num_seqs, table_stride, page_size,
          k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, dim)
     return out
 

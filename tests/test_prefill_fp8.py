@@ -469,6 +469,18 @@ def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
+                         ids=["per_page16", "per_key", "per_tensor"])
+@pytest.mark.parametrize("kw", [{"softcap": 30.0, "sinks": True}, {"window": 2000, "sink_tokens": 4}, {"causal": False}],
+                         ids=["softcap_sinks", "window_sink_tokens", "non_causal"])
+def test_fp8_prefill_promoted_with_features(kw, per_page, page_size, body):
+    """Work units of more than 1024 keys (the Hopper kernel moves O to fp32 every 1024: O_PROMOTE)
+    with the soft-cap and sinks, a window of 2000 keys with sink tokens, and without causality (every
+    unit sees every key); V offset by 2 sigma, so that an O left in the FP8 accumulator would fail."""
+    _fp8_attention_case([(300, 2600), (40, 3000)], 8, 2, kw, per_page=per_page, page_size=page_size, v_offset=4.0)
+
+
+@pytest.mark.gpu
 def test_fp8_prefill_fp16_queries(body):
     _fp8_attention_case([(300, 300), (10, 500)], 8, 2, {}, dtype=torch.float16)
 

@@ -158,7 +158,10 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 // ---------------------------------------------------------------------------------------------
 // FP8 compute layout (hip_kernels.gather.gather_kv_fp8, src/fp8_pack.h), read by the FP8 prefill
 // bodies: the e4m3 bytes as they are, V transposed in the key order of this target's P operand.
-// One block of 256 threads per 128 rows: the rows of one request (or padding).
+// One block of 256 threads per 128 rows (the rows of one request, or padding) and KV head (grid
+// y): every K and V load of the block is in flight before its first store, and each V^T store of a
+// warp writes whole 128-byte rows (1.24-1.52x stop 39's blocks of all heads on H200, which staged
+// one V head after another and stored 16 bytes to each of 32 rows: docs/perf/prefill.md, stop 40).
 // ---------------------------------------------------------------------------------------------
 #define FP8_ROWS kFp8Align
 
@@ -174,8 +177,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     i64 page_stride, i64 slot_stride, i64 head_stride, i64 num_heads, i64 head_dim) {
   __shared__ i64 s_off[FP8_ROWS];  // byte offset of the row's (page, slot); -1: padding
   __shared__ i32 s_page[FP8_ROWS];
-  __shared__ u32 s_v[FP8_ROWS * (256 / 4 + 1)];  // one head's V rows, 4 bytes of padding per row
-  const i64 row0 = (i64)bid_x() * FP8_ROWS;
+  __shared__ u32x4 s_v16[FP8_ROWS * 256 / 16];  // the head's V rows (vidx), 16-byte aligned
+  u32* s_v = reinterpret_cast<u32*>(s_v16);
+  const i64 row0 = (i64)bid_x() * FP8_ROWS, h = (i64)bid_y();
   const int tid = (int)tid_x();
   if (tid < FP8_ROWS) {
     const i64 row = row0 + tid;
@@ -198,75 +202,76 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
   sync_block();
 
-  // K: 16-byte chunks, several loads in flight per thread before the stores.
-  const u32 cph = (u32)(head_dim / 16), cpr = (u32)num_heads * cph, items = FP8_ROWS * cpr;
-  for (u32 base = tid; base < items; base += GATHER_THREADS * 4) {
-    u32x4 in[4];
+  // K and V rows of head h in 16-byte chunks, 4 of each per thread in flight (one round for
+  // head_dim 128); K goes out as it is, V through shared memory.
+  const u32 cph = (u32)(head_dim / 16), items = FP8_ROWS * cph;
+  // Word w of staged V row r: rows of W words, each 16-key group's rotated by 4 words, so that the
+  // transpose's reads (8 groups x 4 words per warp) hit 32 banks; 16-byte aligned.
+  const int W = (int)head_dim / 4;
+  auto vidx = [&](int r, int w) { return r * W + (w + 4 * (r >> 4)) % W; };
+  for (u32 base = tid; base < items; base += 4 * GATHER_THREADS) {
+    u32x4 kin[4], vin[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const u32 it = base + u * GATHER_THREADS;
-      in[u] = u32x4{0u, 0u, 0u, 0u};
-      if (it < items) {
-        const u32 r = it / cpr, c = it - r * cpr, h = c / cph;
-        if (s_off[r] >= 0) in[u] = load16_stream(k_cache + s_off[r] + (i64)h * head_stride + (i64)(c - h * cph) * 16);
+      const u32 it = base + u * GATHER_THREADS, r = it / cph, c = it - r * cph;
+      kin[u] = vin[u] = u32x4{0u, 0u, 0u, 0u};
+      if (it < items && s_off[r] >= 0) {
+        const i64 src = s_off[r] + h * head_stride + (i64)c * 16;
+        kin[u] = load16_stream(k_cache + src);
+        vin[u] = load16_stream(v_cache + src);
       }
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const u32 it = base + u * GATHER_THREADS;
-      if (it < items) store16_stream(k8 + (row0 * cpr + it) * 16, in[u]);
+      const u32 it = base + u * GATHER_THREADS, r = it / cph, c = it - r * cph;
+      if (it < items) {
+        store16_stream(k8 + ((row0 + r) * num_heads + h) * head_dim + (i64)c * 16, kin[u]);
+        store16(s_v + vidx((int)r, 4 * (int)c), vin[u]);
+      }
     }
   }
-
-  // V^T, one head at a time: rows into shared memory, then 16 keys x 4 dims per thread out.
-  const int wpr = (int)head_dim / 4 + 1;  // words per staged row
-  for (i64 h = 0; h < num_heads; ++h) {
-    for (u32 it = tid; it < FP8_ROWS * cph; it += GATHER_THREADS) {
-      const u32 r = it / cph, c = it - r * cph;
-      u32x4 w = u32x4{0u, 0u, 0u, 0u};
-      if (s_off[r] >= 0) w = load16_stream(v_cache + s_off[r] + h * head_stride + (i64)c * 16);
-      u32* d = s_v + r * wpr + 4 * c;
-      d[0] = w.x; d[1] = w.y; d[2] = w.z; d[3] = w.w;
+  sync_block();
+  // V^T: 16 keys x 4 dims per thread, in the key order of the P operand; the 8 threads of a
+  // 4-dim word's groups are adjacent lanes, so each store writes whole 128-byte rows.
+  for (int it = tid; it < W * (FP8_ROWS / 16); it += GATHER_THREADS) {
+    const int g = it % (FP8_ROWS / 16), dq = it / (FP8_ROWS / 16);
+    // vidx(r, dq) of the group's keys, which lie in 16-key groups 2 (g / 2) and 2 (g / 2) + 1: r W
+    // plus one of two rotations (no modulo per read)
+    const int rb = 32 * (g >> 1), rot0 = vidx(rb, dq) - rb * W, rot1 = vidx(rb + 16, dq) - (rb + 16) * W;
+    u32 w[16];
+#pragma unroll
+    for (int p = 0; p < 16; ++p) {
+      const int r = fp8_vt_key(16 * g + p);
+      w[p] = s_v[r * W + ((r >> 4) & 1 ? rot1 : rot0)];
     }
-    sync_block();
-    for (int it = tid; it < (int)head_dim / 4 * (FP8_ROWS / 16); it += GATHER_THREADS) {
-      const int dq = it % ((int)head_dim / 4), g = it / ((int)head_dim / 4);
-      u32 w[16];
 #pragma unroll
-      for (int p = 0; p < 16; ++p) w[p] = s_v[fp8_vt_key(16 * g + p) * wpr + dq];
+    for (int j = 0; j < 4; ++j) {
+      u32 o[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        u32 o[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          o[k] = ((w[4 * k] >> (8 * j)) & 0xffu) | (((w[4 * k + 1] >> (8 * j)) & 0xffu) << 8) |
-                 (((w[4 * k + 2] >> (8 * j)) & 0xffu) << 16) | (((w[4 * k + 3] >> (8 * j)) & 0xffu) << 24);
-        store16_stream(vt8 + (h * head_dim + 4 * dq + j) * total_pad + row0 + 16 * g, u32x4{o[0], o[1], o[2], o[3]});
-      }
+      for (int k = 0; k < 4; ++k)
+        o[k] = ((w[4 * k] >> (8 * j)) & 0xffu) | (((w[4 * k + 1] >> (8 * j)) & 0xffu) << 8) |
+               (((w[4 * k + 2] >> (8 * j)) & 0xffu) << 16) | (((w[4 * k + 3] >> (8 * j)) & 0xffu) << 24);
+      store16_stream(vt8 + (h * head_dim + 4 * dq + j) * total_pad + row0 + 16 * g, u32x4{o[0], o[1], o[2], o[3]});
     }
-    sync_block();
   }
 
 #if GATHER_SCALE == 2
-  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of each head.
-  const float* s_ref = v_ref + (i64)find_seq(cu_kp, (i32)num_seqs, row0) * num_heads;  // 0: take 1
-  // Key scales: K's as they are, V's relative to s_ref.
-  const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
-  for (i64 h0 = 0; h0 < num_heads; h0 += 2) {
-    const i64 h = h0 + tid / FP8_ROWS;
-    const int r = tid % FP8_ROWS;
-    if (h < num_heads) {
-      float ks = 0.f, vs = 0.f;
-      if (s_off[r] >= 0) {
-        ks = k_descale[(i64)s_page[r] * num_heads + h];
-        vs = v_descale[(i64)s_page[r] * num_heads + h];
-      }
-      float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-      dst[fp8_scale_pos(r)] = ks;
-      const float ref = s_ref[h] > 0.f ? s_ref[h] : 1.f;
-      dst[FP8_ROWS + fp8_scale_pos(r)] = vs / ref;
-      if (r == 0) v_max[h * blocks + blk] = ref;
+  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of the head (0: 1).
+  // Key scales: K's as they are, V's relative to it.
+  if (tid < FP8_ROWS) {
+    const float ref_h = v_ref[(i64)find_seq(cu_kp, (i32)num_seqs, row0) * num_heads + h];
+    const float ref = ref_h > 0.f ? ref_h : 1.f;
+    const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
+    const int r = tid;
+    float ks = 0.f, vs = 0.f;
+    if (s_off[r] >= 0) {
+      ks = k_descale[(i64)s_page[r] * num_heads + h];
+      vs = v_descale[(i64)s_page[r] * num_heads + h];
     }
+    float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
+    dst[fp8_scale_pos(r)] = ks;
+    dst[FP8_ROWS + fp8_scale_pos(r)] = vs / ref;
+    if (r == 0) v_max[h * blocks + blk] = ref;
   }
 #else
   (void)kvs; (void)v_max; (void)k_descale; (void)v_descale; (void)v_ref;
