@@ -163,8 +163,9 @@ constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA 0
 #endif
-// Per-tensor FP8 (ROWSUM_MMA, off until its GPU suite has run): P's row sums by the tensor cores,
-// not one add per score (1.05-1.08x on H100): P V runs N = D + 8 over V^T panels of D + 8 rows, the
+// Per-tensor FP8 (ROWSUM_MMA, off: 1.05-1.08x on H100 on three consumer warpgroups, 0.82-0.84x on
+// H200 on the two of today's tile, where ptxas serializes the wgmmas for registers): P's row sums
+// by the tensor cores, not one add per score: P V runs N = D + 8 over V^T panels of D + 8 rows, the
 // last 8 e4m3 ones (written once), so 4 more accumulator registers take each tile's row sums of
 // the same e4m3 P as O, added to l in fp32 per tile. Per-page P carries V's scales, so its sums
 // are the adds'.
