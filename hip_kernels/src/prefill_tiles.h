@@ -38,6 +38,42 @@ struct kv_walk {
 ATOM_DEV bool visible(int j, int p, int sk, bool causal, int window, int sink_tokens) {
   return j < sk && (!causal || j <= p) && (window <= 0 || j > p - window || j < sink_tokens);
 }
+// visible() for one query row over a tile's keys jb + c, c a constant of the fragment layout: c < hi,
+// and with a window (kWindow) c >= lo or c < sinks. One compare per element (three with a window),
+// the row's limits in registers: on sm_90a visible() per element took ~10 instructions and reloaded
+// the window, which made the diagonal tiles of the FP8 kernel much dearer than the others. (The
+// portable body keeps visible(): gfx942 hoists these compares' lane masks and spills SGPRs.)
+struct row_limits {
+  int hi, lo, sinks;
+  ATOM_DEV row_limits() {}
+  ATOM_DEV row_limits(int jb, int p, int sk, bool causal, int window, int sink_tokens)
+      : hi((causal ? imin(sk, p + 1) : sk) - jb), lo(p - window + 1 - jb), sinks(sink_tokens - jb) {}
+  template <bool kWindow>
+  ATOM_DEV bool visible(int c) const { return (c < hi) & (!kWindow | (c >= lo) | (c < sinks)); }
+};
+// S = -inf where a key of the fragments s (16 columns each, from key j0) is not visible from the
+// lane's rows at key positions pos[row slot].
+template <class Acc, int N>
+ATOM_DEV void mask_cols(Acc (&s)[N], int j0, const int (&pos)[Acc::row_slots], int sk, bool causal, int window,
+                        int sink_tokens) {
+  const int jb = j0 + Acc::get_j(0);
+  row_limits lim[Acc::row_slots];
+#pragma unroll
+  for (int r = 0; r < Acc::row_slots; ++r) lim[r] = row_limits(jb, pos[r], sk, causal, window, sink_tokens);
+  if (window > 0) {
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+      for (int e = 0; e < Acc::ne; ++e)
+        if (!lim[Acc::row_slot(e)].template visible<true>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+      for (int e = 0; e < Acc::ne; ++e)
+        if (!lim[Acc::row_slot(e)].template visible<false>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
+  }
+}
 // Some key of [j0, j1) is masked for some query of positions [p_first, p_last].
 ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, bool causal, int window,
                               int sink_tokens) {

@@ -659,14 +659,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #endif
-        if (masked) {
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt)
-#pragma unroll
-            for (int e = 0; e < acc_t::ne; ++e)
-              if (!visible(j0 + nt * 16 + acc_t::get_j(e), pos[acc_t::row_slot(e)], u.sk, causal, W, S))
-                sacc[nt].x[e] = neg_inf();
-        }
+        if (masked) mask_cols(sacc, j0, pos, u.sk, causal, W, S);
         // This lane's part of each row's max: every 16-key group's, then a tree over the groups (a
         // chain of BN / 4 dependent max operations would sit on the softmax's critical path).
         float gmax[BN / 16][acc_t::row_slots];
