@@ -797,9 +797,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
                                        ((i - 8) % 4 * 128 + t) * 16;
         return reinterpret_cast<float4*>(p);
       };
-      auto with_part = [&](int i) {  // O's chunk i: x[0..1] of row slot 0, x[2..3] of slot 1
+      auto with_part = [&](int i, const float4& a) {  // O's chunk i plus a partial: x[0..1] of row slot 0, x[2..3] of slot 1
         const float* x = oacc[i / 2].x + 4 * (i % 2);
-        const float4 a = *part_chunk(i);
         return float4{fmaf(a.x, part_f[0], x[0]), fmaf(a.y, part_f[0], x[1]), fmaf(a.z, part_f[1], x[2]),
                       fmaf(a.w, part_f[1], x[3])};
       };
@@ -810,10 +809,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           if (o_issuer) wg::bulk_wait_read<0>();
           wg::bar_sync(epi_bar(grp), 128);
         }
+        // has_part tested once, not per chunk: ptxas then has 8 chunks' loads in flight before their
+        // adds and stores (per chunk, a branch each kept them one load-add-store round trip apart)
+        if (has_part) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const float* x = oacc[i / 2].x + 4 * (i % 2);
-          *part_chunk(i) = has_part ? with_part(i) : float4{x[0], x[1], x[2], x[3]};
+          for (int i = 0; i < 16; ++i) *part_chunk(i) = with_part(i, *part_chunk(i));
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const float* x = oacc[i / 2].x + 4 * (i % 2);
+            *part_chunk(i) = float4{x[0], x[1], x[2], x[3]};
+          }
         }
         has_part = true;
 #pragma unroll
@@ -959,7 +965,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       if (kPromote && has_part)  // read back before the barrier: the rows of sO are written after it
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const float4 r = with_part(i);
+          const float4 r = with_part(i, *part_chunk(i));
           float* x = oacc[i / 2].x + 4 * (i % 2);
           x[0] = r.x;
           x[1] = r.y;
