@@ -204,8 +204,9 @@ class PlannerConfig:
     # kernel exists (docs/fp8.md)
     fp8_compute: bool = True
     # ATOM_FP8_COMPUTE_MAX_KEYS: a varlen batch with a request of more keys computes in 16 bits (0:
-    # no limit). Unset: the platform's fp8_max_keys (none on sm_90a, whose kernel moves O to fp32
-    # every 1024 keys; 1024 where O stays in the accumulator: docs/fp8.md "Long requests").
+    # no limit). Unset: the platform's fp8_max_keys (none where the FP8 kernels move O to fp32 every
+    # 1024 keys, as on sm_90a, gfx942, gfx950; 1024 where O would stay in the accumulator:
+    # docs/fp8.md "Long requests").
     fp8_compute_max_keys: int | None = None
 
     def __post_init__(self) -> None:

@@ -61,8 +61,9 @@ class Config:
     pingpong: bool = True  # Hopper: consumer warpgroups take turns to issue their MMAs
     q_stages: int = 2  # Hopper: Q buffers (2: the next work unit's Q loads during this one)
     ctas: int = 0  # Hopper, one consumer warpgroup: CTAs per SM (0: 2); 3 fits d64 with 64-key tiles
-    # Hopper FP8: O's sums leave the tensor cores for fp32 shared memory every o_promote tiles in
-    # work units of more than 1024 keys (0: never; needs q_stages 1: docs/fp8.md "Long requests")
+    # FP8: O's sums leave the MMAs' accumulator every o_promote tiles in work units of more tiles
+    # (Hopper: for fp32 shared memory, needs q_stages 1; portable body: for a second register copy;
+    # 0: never; docs/fp8.md "Long requests")
     o_promote: int = 0
 
     @property
@@ -133,7 +134,10 @@ FP8_TENSOR_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8
 # FP8 compute on the portable body (KV_FP8 in src/varlen_prefill.hip), on PORTABLE_FP8_ARCHS: 64 rows
 # (4 waves of 16 on AMD), 64-key tiles, two stages: 48 KB of shared memory, inside gfx942's 64 KB
 # LDS. Not tuned (no AMD device here): the shape that compiles without spills on gfx942 / gfx950.
-PORTABLE_FP8_CONFIGS = {64: Config(4, 64, 2), 128: Config(4, 64, 2)}
+# O's sums leave the MMAs' accumulators for a second fp32 register copy every 16 tiles (1024 keys),
+# as on Hopper (o_promote; the accumulation of MFMA e4m3 is unmeasured, NVIDIA mma.sync e4m3's
+# measured as the Hopper wgmma's, docs/fp8.md "Long requests").
+PORTABLE_FP8_CONFIGS = {64: Config(4, 64, 2, o_promote=16), 128: Config(4, 64, 2, o_promote=16)}
 PORTABLE_FP8_ARCHS = ("gfx942", "gfx950")
 # per_page: a scale per key (pages of any size); per_page16: one per 16 keys (pages of a multiple of
 # 16), the multiply leaves the path from S to the row max (the kernel's KV_FP8 = 3).
@@ -172,9 +176,10 @@ FP8_ACCUMULATED_KEYS = 1024
 
 
 def fp8_accurate_keys(arch: str | None) -> int:
-    """The longest request (keys) FP8 compute on `arch` is known accurate for; 0: any. The Hopper
-    tiles move O to fp32 every 1024 keys (o_promote); the portable body sums O in its accumulator
-    over the whole request (MFMA e4m3's accumulation not measured: no AMD device here)."""
+    """The longest request (keys) FP8 compute on `arch` is known accurate for; 0: any. Every FP8 tile
+    moves O out of the e4m3 MMAs' accumulator every 1024 keys (o_promote: fp32 shared memory on
+    Hopper, a second fp32 register copy in the portable body); a tile without it would be limited
+    to the length measured accurate without it."""
     cfgs = [c for scale in KV_FP8_MODES for c in _fp8_configs(arch, scale).values()]
     return 0 if cfgs and all(c.o_promote for c in cfgs) else FP8_ACCUMULATED_KEYS
 
@@ -244,7 +249,8 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
                         **fp8, **dict(cfg.extra)})
     defines = {"DTYPE": dtype_code, "HEAD_DIM": head_dim, "SOFTCAP": int(softcap),
                "NUM_WARPS": cfg.num_warps, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-               "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly, **fp8, **dict(cfg.extra)}
+               "WARP_M_TILES": cfg.warp_m_tiles, "EXP_POLY": cfg.exp_poly,
+               **({"O_PROMOTE": cfg.o_promote} if cfg.o_promote and kv_fp8 else {}), **fp8, **dict(cfg.extra)}
     return Variant(SOURCE, KERNEL, defines)
 
 

@@ -375,17 +375,18 @@ def test_fp8_compute_env_flag():
 
 def test_fp8_compute_long_requests_compute_in_16_bits():
     """Past ATOM_FP8_COMPUTE_MAX_KEYS keys (new + cached) in any varlen request, the batch's pack is
-    16-bit. Unset, the limit is the platform's: none on sm_90a (the Hopper kernel moves O to fp32
-    every 1024 keys), 1024 on gfx942 / gfx950, whose portable body keeps O in the accumulator
-    (docs/fp8.md, accuracy on long requests)."""
+    16-bit. Unset, the limit is the platform's: none where every FP8 tile moves O out of the MMAs'
+    accumulator every 1024 keys (sm_90a, gfx942 / gfx950), 1024 on a platform whose tiles would keep
+    O in it (docs/fp8.md, accuracy on long requests)."""
     assert DEFAULT.fp8_compute_max_keys is None is PlannerConfig.from_env({}).fp8_compute_max_keys
     assert H100.fp8_max_keys == 0 and plan([65536], [0], FP8_LLAMA, H100, DEFAULT).varlen_fp8
     mi355 = platform_for("gfx950", use_tables=False)
-    assert mi355.fp8_max_keys == 1024
-    assert plan([1024], [0], FP8_LLAMA, mi355, DEFAULT).varlen_fp8
-    p = plan([1000], [25], FP8_LLAMA, mi355, DEFAULT)
+    assert mi355.fp8_max_keys == 0 and plan([65536], [0], FP8_LLAMA, mi355, DEFAULT).varlen_fp8
+    unpromoted = replace(mi355, fp8_max_keys=1024)
+    assert plan([1024], [0], FP8_LLAMA, unpromoted, DEFAULT).varlen_fp8
+    p = plan([1000], [25], FP8_LLAMA, unpromoted, DEFAULT)
     assert not p.varlen_fp8 and p.varlen_compute_reason.value == "fp8_long_context"
-    assert plan([4096], [0], FP8_LLAMA, mi355, PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})).varlen_fp8
+    assert plan([4096], [0], FP8_LLAMA, unpromoted, PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": "0"})).varlen_fp8
     limit = 1024
     config = PlannerConfig.from_env({"ATOM_FP8_COMPUTE_MAX_KEYS": str(limit)})
     at = plan([limit, 300], [0, 0], FP8_LLAMA, H100, config)

@@ -207,8 +207,11 @@ def test_fp8_config_and_errors():
         assert cfg.o_promote * cfg.block_n == prefill.FP8_ACCUMULATED_KEYS and cfg.q_stages == 1
         # O's partials: one more Q stage's bytes (the kernel's PRO), inside a CTA's 227 KB
         assert cfg.smem_bytes(128, 1) == dataclasses.replace(cfg, o_promote=0).smem_bytes(128, 1) + 2 * 128 * cfg.block_m
-    assert prefill.fp8_accurate_keys("sm_90a") == 0
-    assert prefill.fp8_accurate_keys("gfx950") == prefill.FP8_ACCUMULATED_KEYS
+    for arch in ("sm_90a", *prefill.PORTABLE_FP8_ARCHS):  # every FP8 tile moves O out every 1024 keys
+        assert prefill.fp8_accurate_keys(arch) == 0
+        for cfg in (c for scale in prefill.KV_FP8_MODES for c in prefill._fp8_configs(arch, scale).values()):
+            assert cfg.o_promote * cfg.block_n == prefill.FP8_ACCUMULATED_KEYS
+    assert prefill.fp8_accurate_keys("sm_80") == prefill.FP8_ACCUMULATED_KEYS  # no FP8 tile: nothing known
     assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys()  # fp8_compute_available reads one
     for flag in (True, False):  # the tile depends on the mode: a bool is not enough (16-bit is None)
         with pytest.raises(ValueError, match="scale mode"):
@@ -463,8 +466,9 @@ def test_fp8_prefill_q_rows_of_any_magnitude(per_page, body):
 def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
     """V with a mean makes O's sums grow like l, and the FP8 accumulator keeps ~14 bits: summed in
     the tensor cores over 4096 keys O lost rel 0.069 for V ~ N(2 sigma, sigma) (docs/fp8.md, long
-    requests). The kernel moves O to fp32 every 1024 keys (O_PROMOTE), so the bound holds at any
-    length; the requests here promote 3 times and 1 time (with rows past the request's end)."""
+    requests). Both bodies move O to fp32 every 1024 keys (O_PROMOTE: shared memory on Hopper, a
+    second register copy in the portable body), so the bound holds at any length; the requests here
+    promote 3 times and 1 time (with rows past the request's end)."""
     _fp8_attention_case([(256, 4096), (1100, 2100)], 8, 2, {}, per_page=per_page, v_offset=4.0)
 
 
@@ -474,7 +478,7 @@ def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
 @pytest.mark.parametrize("kw", [{"softcap": 30.0, "sinks": True}, {"window": 2000, "sink_tokens": 4}, {"causal": False}],
                          ids=["softcap_sinks", "window_sink_tokens", "non_causal"])
 def test_fp8_prefill_promoted_with_features(kw, per_page, page_size, body):
-    """Work units of more than 1024 keys (the Hopper kernel moves O to fp32 every 1024: O_PROMOTE)
+    """Work units of more than 1024 keys (both bodies move O to fp32 every 1024: O_PROMOTE)
     with the soft-cap and sinks, a window of 2000 keys with sink tokens, and without causality (every
     unit sees every key); V offset by 2 sigma, so that an O left in the FP8 accumulator would fail."""
     _fp8_attention_case([(300, 2600), (40, 3000)], 8, 2, kw, per_page=per_page, page_size=page_size, v_offset=4.0)

@@ -33,6 +33,11 @@
 // max moves only when the new one is more than kLazyLog2 past it (P <= 2^8, 2^7 in e4m3 FNUZ), and
 // P's columns are multiplied by their V scale relative to the request's largest (v_ref, from the
 // gather; KV_FP8 = 2 takes it per tile): O is kept in units of v_ref.
+// O_PROMOTE (tiles, FP8; 0: off): two-level accumulation, as the Hopper kernel's. Every O_PROMOTE
+// tiles of a request O's accumulators are added in fp32 to a second register copy (times the row
+// factors of the rescales since the last addition) and restart from zero: an e4m3 MMA adds into
+// its accumulator keeping ~14 bits on NVIDIA (docs/fp8.md "Long requests"), so O summed over a
+// long request with a V mean loses its later products' low bits.
 //
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1), KV_FP8 (0|1|2|3: FP8
 //          compute needs HEAD_DIM 64|128 and BLOCK_N 64|128),
@@ -107,6 +112,10 @@ constexpr bool kFp8 = KV_FP8 != 0;
 constexpr bool kKeyScales = KV_FP8 >= 2;  // per page: scales per key (2) or per 16 keys (3)
 constexpr bool kGroupScales = KV_FP8 == 3;
 constexpr bool kGroupK = kGroupScales && !SOFTCAP;  // K's group scale joins the exp2's multiplier
+#ifndef O_PROMOTE
+#define O_PROMOTE 0
+#endif
+constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // How far (log2 units) a row's max may pass its reference before O is rescaled: P <= 2^8 in e4m3
 // (largest 448), 2^7 in e4m3 FNUZ (largest 240).
 constexpr float kLazyLog2 = ATOM_FP8_FNUZ ? 7.f : 8.f;
@@ -329,7 +338,7 @@ ATOM_DEV fp8_tile fp8_tile_scales(const float* key_scales, const float* v_max, i
 // unrounded P, P V takes P times its key's V factor (O in units of v_ref).
 ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D / 16], float (&m_run)[acc_t::row_slots],
                           float (&l_run)[acc_t::row_slots], const float (&a_row)[acc_t::row_slots], const fp8_tile& t,
-                          const tile_mask& mk, float c_log2) {
+                          const tile_mask& mk, float c_log2, float (&hf)[acc_t::row_slots]) {
   constexpr int RS = acc_t::row_slots;
   float a_eff[RS];  // S's multiplier to log2 units after the soft-cap (which takes the scale first)
 #pragma unroll
@@ -397,6 +406,7 @@ ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)
     l_run[s] = l_run[s] * alpha[s] + rs[s];
     of[s] = alpha[s] * t.vfac;
     moved |= of[s] != 1.f;
+    if constexpr (kPromote != 0) hf[s] *= of[s];  // O's promoted part takes the rescales when it is read
   }
   if (mma::warp_any(moved)) {
 #pragma unroll
@@ -497,17 +507,37 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
   // accumulators.
   op_t qf[MT][Q_IN_REGS ? D / 16 : 1];
   acc_t oacc[MT][D / 16];
-  float m_run[MT][acc_t::row_slots], l_run[MT][acc_t::row_slots];
+  // O_PROMOTE: O = ohi * hf + oacc once promoted (ohi: the earlier tiles' sums in fp32).
+  acc_t ohi[MT][kPromote ? D / 16 : 1];
+  float m_run[MT][acc_t::row_slots], l_run[MT][acc_t::row_slots], hf[MT][acc_t::row_slots];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[mt][dt]);
 #pragma unroll
+    for (int dt = 0; dt < (kPromote ? D / 16 : 1); ++dt) mma::zero(ohi[mt][dt]);
+#pragma unroll
     for (int s = 0; s < acc_t::row_slots; ++s) {
       m_run[mt][s] = neg_inf();
       l_run[mt][s] = 0.f;
+      hf[mt][s] = 1.f;
     }
   }
+  // O's accumulators into ohi (ohi = ohi * hf + oacc), which restart from zero.
+  auto promote = [&]() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < (kPromote ? D / 16 : 0); ++dt)
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e) {
+          ohi[mt][dt].x[e] = fma_(ohi[mt][dt].x[e], hf[mt][acc_t::row_slot(e)], oacc[mt][dt].x[e]);
+          oacc[mt][dt].x[e] = 0.f;
+        }
+#pragma unroll
+      for (int s = 0; s < acc_t::row_slots; ++s) hf[mt][s] = 1.f;
+    }
+  };
 #if SOFTCAP
   constexpr bool kSoftcap = true;
 #else
@@ -596,7 +626,7 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
       const fp8_tile ts = fp8_tile_scales(key_scales, v_max, (i64)g * kv_blocks + (k0 + j0) / kFp8Align,
                                           j0 % kFp8Align, v_ref);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) fp8_softmax(sacc[mt], pf[mt], oacc[mt], m_run[mt], l_run[mt], a_row[mt], ts, mask(mt), c_log2);
+      for (int mt = 0; mt < MT; ++mt) fp8_softmax(sacc[mt], pf[mt], oacc[mt], m_run[mt], l_run[mt], a_row[mt], ts, mask(mt), c_log2, hf[mt]);
     } else {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) softmax16(sacc[mt], pf[mt], oacc[mt], m_run[mt], l_run[mt], mask(mt), a_log2, c_log2);
@@ -619,7 +649,17 @@ varlen_prefill(const u16* __restrict__ q, const u16* __restrict__ k, const u16* 
         }
       }
     }
+    if (kPromote && n_iter > kPromote && (it + 1) % (kPromote ? kPromote : 1) == 0) promote();
   }
+  // The promoted part back into O (a request of at most O_PROMOTE tiles never promoted).
+  if (kPromote && n_iter > kPromote)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < (kPromote ? D / 16 : 0); ++dt)
+#pragma unroll
+        for (int e = 0; e < acc_t::ne; ++e)
+          oacc[mt][dt].x[e] = fma_(ohi[mt][dt].x[e], hf[mt][acc_t::row_slot(e)], oacc[mt][dt].x[e]);
 
   // Epilogue: normalise (sink in the denominator), lse, stage O through this warp's Q rows.
   mma::cp_async_wait<0>();
