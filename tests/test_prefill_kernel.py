@@ -32,6 +32,7 @@ CASES = {
     "window_large_tile": ([(3000, 3000), (100, 2000)], 4, 2, 64, {"window": 1500, "sink_tokens": 4}),
     "window_eq_sk": ([(256, 256), (100, 256), (1, 256)], 4, 1, 64, {"window": 256}),
     "window_gt_sk": ([(200, 200), (30, 300)], 4, 2, 128, {"window": 1000}),
+    "window_int32_max": ([(200, 200), (30, 300)], 4, 2, 128, {"window": 2**31 - 1, "sink_tokens": 4}),
     "sink_tokens_1": ([(300, 300), (40, 500)], 4, 2, 64, {"window": 64, "sink_tokens": 1}),
     "sink_tokens_8": ([(300, 300), (40, 500), (1, 129)], 4, 2, 128, {"window": 100, "sink_tokens": 8}),
     "sink_tokens_no_window": ([(200, 200)], 4, 2, 64, {"sink_tokens": 8}),

@@ -39,7 +39,8 @@ ATOM_DEV bool visible(int j, int p, int sk, bool causal, int window, int sink_to
   return j < sk && (!causal || j <= p) && (window <= 0 || j > p - window || j < sink_tokens);
 }
 // visible() for one query row over a tile's keys jb + c, c a constant of the fragment layout: c < hi,
-// and with a window (kWindow) c >= lo or c < sinks. One compare per element (three with a window),
+// and with a window (kWindow) c >= lo or c < sinks (a window past sk is none: clamped, so that lo
+// cannot overflow for a window near 2^31). One compare per element (three with a window),
 // the row's limits in registers: on sm_90a visible() per element took ~10 instructions and reloaded
 // the window, which made the diagonal tiles of the FP8 kernel much dearer than the others. (The
 // portable body keeps visible(): gfx942 hoists these compares' lane masks and spills SGPRs.)
@@ -47,7 +48,7 @@ struct row_limits {
   int hi, lo, sinks;
   ATOM_DEV row_limits() {}
   ATOM_DEV row_limits(int jb, int p, int sk, bool causal, int window, int sink_tokens)
-      : hi((causal ? imin(sk, p + 1) : sk) - jb), lo(p - window + 1 - jb), sinks(sink_tokens - jb) {}
+      : hi((causal ? imin(sk, p + 1) : sk) - jb), lo(p - imin(window, sk) + 1 - jb), sinks(sink_tokens - jb) {}
   template <bool kWindow>
   ATOM_DEV bool visible(int c) const { return (c < hi) & (!kWindow | (c >= lo) | (c < sinks)); }
 };
