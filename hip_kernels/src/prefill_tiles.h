@@ -52,28 +52,25 @@ struct row_limits {
   template <bool kWindow>
   ATOM_DEV bool visible(int c) const { return (c < hi) & (!kWindow | (c >= lo) | (c < sinks)); }
 };
-// S = -inf where a key of the fragments s (16 columns each, from key j0) is not visible from the
-// lane's rows at key positions pos[row slot].
+// S = -inf where a key of the fragments s (16 columns each, from the lane's first key) is not
+// visible from the lane's rows (lim per row slot).
+template <bool kWindow, class Acc, int N>
+ATOM_DEV void mask_cols(Acc (&s)[N], const row_limits (&lim)[Acc::row_slots]) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int e = 0; e < Acc::ne; ++e)
+      if (!lim[Acc::row_slot(e)].template visible<kWindow>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
+}
+// The same for the tile from key j0, the lane's rows at key positions pos[row slot].
 template <class Acc, int N>
 ATOM_DEV void mask_cols(Acc (&s)[N], int j0, const int (&pos)[Acc::row_slots], int sk, bool causal, int window,
                         int sink_tokens) {
-  const int jb = j0 + Acc::get_j(0);
   row_limits lim[Acc::row_slots];
 #pragma unroll
-  for (int r = 0; r < Acc::row_slots; ++r) lim[r] = row_limits(jb, pos[r], sk, causal, window, sink_tokens);
-  if (window > 0) {
-#pragma unroll
-    for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-      for (int e = 0; e < Acc::ne; ++e)
-        if (!lim[Acc::row_slot(e)].template visible<true>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-      for (int e = 0; e < Acc::ne; ++e)
-        if (!lim[Acc::row_slot(e)].template visible<false>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
-  }
+  for (int r = 0; r < Acc::row_slots; ++r) lim[r] = row_limits(j0 + Acc::get_j(0), pos[r], sk, causal, window, sink_tokens);
+  if (window > 0) mask_cols<true>(s, lim);
+  else mask_cols<false>(s, lim);
 }
 // Some key of [j0, j1) is masked for some query of positions [p_first, p_last].
 ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, bool causal, int window,
