@@ -99,7 +99,8 @@ def main(argv=None):
     from hip_kernels.runtime import KernelCompileError
 
     tuning.apply(prefill._default_arch())  # the tiles a serving process uses
-    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS)
+    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS,
+              prefill.FP8_KEY_CONFIGS)
     declared = [dict(t) for t in tables]
     base = base_source(args.base)
     if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):
@@ -114,7 +115,7 @@ def main(argv=None):
         src, extra = variants[name]
         prefill.HOPPER_SOURCE = src
         for t, d in zip(tables, declared):
-            fp8_table = t is prefill.FP8_CONFIGS or t is prefill.FP8_TENSOR_CONFIGS
+            fp8_table = t is prefill.FP8_CONFIGS or t is prefill.FP8_TENSOR_CONFIGS or t is prefill.FP8_KEY_CONFIGS
             fields = work_fp8 if name == "work" and fp8_table else {}
             for hd, cfg in d.items():
                 t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra, **fields)

@@ -68,7 +68,10 @@ def main(argv=None) -> None:
                     kc, vc, table, _, scales = cache
                     kd, vd = (bp._dequant_torch(c, table, seqs, scales, w) for c, w in ((kc, "k"), (vc, "v")))
                     extra = (("ROWSUM_MMA", 1 if "ROWSUM" in mode else 0),)
-                    prefill.FP8_TENSOR_CONFIGS[128] = dataclasses.replace(base[128], extra=base[128].extra + extra)
+                    cfg = base[128]
+                    if "ROWSUM" in mode:  # a switch of the two-warpgroup fp32-score tile (not of f16 scores)
+                        cfg = dataclasses.replace(cfg, num_warps=8, f16_scores=False)
+                    prefill.FP8_TENSOR_CONFIGS[128] = dataclasses.replace(cfg, extra=cfg.extra + extra)
                     prefill._variant.cache_clear()
                     if mode.endswith("bf16"):
                         out = bp.run_dequant(seqs, q, cache)().float()

@@ -65,6 +65,10 @@ class Config:
     # (Hopper: for fp32 shared memory, needs q_stages 1; portable body: for a second register copy;
     # 0: never; docs/fp8.md "Long requests")
     o_promote: int = 0
+    # Hopper FP8 per tensor / per 16 keys (S_F16): S in an f16 accumulator and the softmax on f16
+    # pairs (32 registers less per thread: room for three consumer warpgroups of 128-key tiles), O's
+    # promoted partial f16 in units of the row sum, in the warpgroup's rows of sO (no area of its own)
+    f16_scores: bool = False
 
     @property
     def block_m(self) -> int:
@@ -83,7 +87,8 @@ class Config:
             # per tensor: V^T's rows of ones (ROWSUM_MMA), reserved whether or not a build uses them (a
             # bench.ab base may default to it)
             ones = 8 * self.stages * self.block_n if kv_fp8 == 1 else 0
-            promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote else 0  # O's fp32 partials, with sO
+            # O's fp32 partials, with sO (f16_scores: f16 ones inside sO)
+            promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote and not self.f16_scores else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + promote + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + ones + 1024 + 512
         # 16-bit Q tile, K and V rings (FP8: of bytes; + slack for the first wgmma kernel, a bench reference
@@ -129,8 +134,14 @@ WGMMA_ARCHS = ("sm_90a",)
 # the promotions cost 2-4% per page, 4-7% per tensor on H100, stop 41; the one Q stage nothing). Per tensor
 # ran three consumer warpgroups of 96-key tiles until stop 40 (1.04-1.06x these; no shared memory
 # or registers left for the promotion).
-FP8_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
-FP8_TENSOR_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
+# Per tensor and per 16 keys (per_page16, pages of a multiple of 16): three consumer warpgroups of
+# 128-key tiles (BLOCK_M 192) on f16 scores (f16_scores, which frees the registers and shared
+# memory they need): 1.08-1.14x the two-warpgroup fp32 tile per tensor, 1.01-1.12x per 16 keys on
+# H100 (stop 42: a third warp per scheduler fills the softmax's dependency waits). A scale per key
+# (per_page, pages of 1-8 keys) keeps the two-warpgroup fp32 tile (FP8_KEY_CONFIGS).
+FP8_CONFIGS = {128: Config(12, 128, 3, wgmma=True, q_stages=1, o_promote=8, f16_scores=True)}
+FP8_TENSOR_CONFIGS = {128: Config(12, 128, 3, wgmma=True, q_stages=1, o_promote=8, f16_scores=True)}
+FP8_KEY_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
 # FP8 compute on the portable body (KV_FP8 in src/varlen_prefill.hip), on PORTABLE_FP8_ARCHS: 64 rows
 # (4 waves of 16 on AMD), 64-key tiles, two stages: 48 KB of shared memory, inside gfx942's 64 KB
 # LDS. Not tuned (no AMD device here): the shape that compiles without spills on gfx942 / gfx950.
@@ -151,7 +162,7 @@ def _fp8_configs(arch: str | None, scale: str = "per_page") -> dict:
     """The FP8-compute tile table of `arch` for a KV_FP8_MODES scale: the Hopper kernel's on sm_90a
     (per tensor, per page), the portable body's on PORTABLE_FP8_ARCHS, none elsewhere."""
     if arch in WGMMA_ARCHS:
-        return FP8_TENSOR_CONFIGS if scale == "per_tensor" else FP8_CONFIGS
+        return {"per_tensor": FP8_TENSOR_CONFIGS, "per_page": FP8_KEY_CONFIGS}.get(scale, FP8_CONFIGS)
     return PORTABLE_FP8_CONFIGS if arch in PORTABLE_FP8_ARCHS else {}
 
 
@@ -236,7 +247,8 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
     from hip_kernels.runtime import Variant
 
     cfg = cfg or CONFIGS[head_dim]
-    fp8 = {"KV_FP8": kv_fp8, **({"O_PROMOTE": cfg.o_promote} if cfg.o_promote else {})} if kv_fp8 else {}
+    fp8 = {"KV_FP8": kv_fp8, **({"O_PROMOTE": cfg.o_promote} if cfg.o_promote else {}),
+           **({"S_F16": 1} if cfg.f16_scores and cfg.wgmma else {})} if kv_fp8 else {}
     if cfg.wgmma:
         if cfg.num_warps % 4 or cfg.warp_m_tiles != 1 or cfg.exp_poly:
             raise ValueError(f"Hopper prefill config {cfg}: whole warpgroups, one row tile per warp")

@@ -197,22 +197,28 @@ def test_padded_starts():
 def test_fp8_config_and_errors():
     assert prefill.fp8_compute_available(128, "sm_90a")
     assert not prefill.fp8_compute_available(64, "sm_90a") and not prefill.fp8_compute_available(128, "sm_80")
-    # both scale modes: the 16-bit tile's rows (two consumer warpgroups), O moved to fp32 every 1024 keys
+    # a scale per key: the 16-bit tile's rows (two consumer warpgroups); per tensor and per 16 keys: three
+    # on f16 scores (BLOCK_M 192); O moved out of the accumulator every 1024 keys in every mode
     assert prefill.config_for(128, 128, "sm_90a", fp8="per_page").block_m == prefill.config_for(128, 0, "sm_90a").block_m
-    assert prefill.config_for(128, 0, "sm_90a", fp8="per_tensor").block_m == 128
+    for scale in ("per_tensor", "per_page16"):
+        cfg = prefill.config_for(128, 0, "sm_90a", fp8=scale)
+        assert cfg.block_m == 192 and cfg.f16_scores
     items = prefill.work_items([300], [300], head_dim=128, arch="sm_90a", fp8="per_tensor")
-    assert items.shape[0] == 3
+    assert items.shape[0] == 2
+    assert prefill.work_items([300], [300], head_dim=128, arch="sm_90a", fp8="per_page").shape[0] == 3
     for scale in prefill.KV_FP8_MODES:
         cfg = prefill.config_for(128, 0, "sm_90a", fp8=scale)
         assert cfg.o_promote * cfg.block_n == prefill.FP8_ACCUMULATED_KEYS and cfg.q_stages == 1
-        # O's partials: one more Q stage's bytes (the kernel's PRO), inside a CTA's 227 KB
-        assert cfg.smem_bytes(128, 1) == dataclasses.replace(cfg, o_promote=0).smem_bytes(128, 1) + 2 * 128 * cfg.block_m
+        # O's partials: one more Q stage's bytes (the kernel's PRO), or none (f16 partials in sO)
+        assert cfg.smem_bytes(128, 1) == dataclasses.replace(cfg, o_promote=0).smem_bytes(128, 1) + (
+            0 if cfg.f16_scores else 2 * 128 * cfg.block_m)
     for arch in ("sm_90a", *prefill.PORTABLE_FP8_ARCHS):  # every FP8 tile moves O out every 1024 keys
         assert prefill.fp8_accurate_keys(arch) == 0
         for cfg in (c for scale in prefill.KV_FP8_MODES for c in prefill._fp8_configs(arch, scale).values()):
             assert cfg.o_promote * cfg.block_n == prefill.FP8_ACCUMULATED_KEYS
     assert prefill.fp8_accurate_keys("sm_80") == prefill.FP8_ACCUMULATED_KEYS  # no FP8 tile: nothing known
-    assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys()  # fp8_compute_available reads one
+    # fp8_compute_available reads one
+    assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys() == prefill.FP8_KEY_CONFIGS.keys()
     for flag in (True, False):  # the tile depends on the mode: a bool is not enough (16-bit is None)
         with pytest.raises(ValueError, match="scale mode"):
             prefill.config_for(128, 0, "sm_90a", fp8=flag)
@@ -432,7 +438,7 @@ def test_fp8_hopper_key_tiles(name, per_page, page_size, cfg, monkeypatch):
     if prefill._default_arch() not in prefill.WGMMA_ARCHS:
         pytest.skip("the Hopper FP8 kernel is sm_90a only")
     w, n, st, qs = cfg
-    for table in (prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS):
+    for table in (prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS, prefill.FP8_KEY_CONFIGS):
         monkeypatch.setitem(table, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs))
     seqs, hq, hk, kw = FP8_CASES[name]
     _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)

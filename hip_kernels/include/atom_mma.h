@@ -528,6 +528,11 @@ ATOM_DEV void fence_regs(float (&f)[N_]) {
 #pragma unroll
   for (int i = 0; i < N_; ++i) asm volatile("" : "+f"(f[i])::"memory");
 }
+template <int N_>
+ATOM_DEV void fence_regs(u32 (&f)[N_]) {
+#pragma unroll
+  for (int i = 0; i < N_; ++i) asm volatile("" : "+r"(f[i])::"memory");
+}
 template <int NT_>
 ATOM_DEV void fence_regs(op_t (&a)[NT_]) {
 #pragma unroll
@@ -644,6 +649,18 @@ template <> struct op8<128> {
                  "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
                  : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7]), "+f"(l[0]), "+f"(l[1]), "+f"(l[2]), "+f"(l[3])
                  : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(scale_d));
+  }
+};
+// op8h<N>::ss(d, da, db, scale_d): S = A B^T of e4m3 operands (both K-major) into an f16
+// accumulator: d[N / 4] f16x2 pairs, pair i holding the fp32 layout's elements 2i and 2i + 1
+// (acc_t: tile i / 4, x[2 (i % 4)], x[2 (i % 4) + 1]). Half an fp32 accumulator's registers.
+template <int N> struct op8h;
+template <> struct op8h<128> {
+  static ATOM_DEV void ss(u32* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f16.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
   }
 };
 template <> struct op8<96> {  // S of a 96-key FP8 tile (ss only: P V runs N = head_dim)

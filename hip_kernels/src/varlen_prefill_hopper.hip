@@ -49,6 +49,11 @@
 //                        from S to the max cost 20-30% of the kernel as KV_FP8 = 2).
 //                        O_PROMOTE: the FP8 accumulator adds with ~14 bits, so a unit of
 //                        many keys moves O to fp32 shared memory every O_PROMOTE tiles.
+//                        S_F16 (per tensor, per 16 keys): S in an f16 accumulator (Q quantized
+//                        to |q| <= 1, so |S| <= 128 * 448 fits f16), the softmax on f16 pairs,
+//                        and O's promoted partial f16 in units of the row sum inside sO: 32
+//                        registers and 16 KB per consumer less, which three consumers of
+//                        128-key tiles need (docs/fp8.md has the error terms).
 // Rows that a TMA box reads past a request (the next request's, or zero past the tensor) are
 // masked (keys) or never stored (queries); masked keys get P = 0 exactly.
 //
@@ -68,6 +73,7 @@
 // ROWSUM_MMA (0|1, default 0): per-tensor FP8's row sums by the tensor cores (below).
 // O_PROMOTE (tiles, default 0: off): FP8 O's sums in fp32 shared memory, restarted in the tensor
 // cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
+// S_F16 (0|1): f16 scores for FP8 per tensor / per 16 keys with 128-key tiles (below).
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -102,6 +108,9 @@
 #endif
 #ifndef KV_FP8
 #define KV_FP8 0
+#endif
+#ifndef S_F16
+#define S_F16 0
 #endif
 #ifndef LOCAL_MAX_CHECK
 #define LOCAL_MAX_CHECK 1
@@ -183,8 +192,41 @@ constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
 // measured ~0.01 rel). The partial of a consumer warpgroup is 16 KB of its own (the Q stage that
 // Q_STAGES 1 leaves) and its 64 rows of sO, which the epilogue reads back before it writes O there.
 constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
+// S_F16: S = Q K^T into an f16 accumulator (32 registers instead of 64: three consumer warpgroups
+// of 128-key tiles fit 160 registers without spills) and the softmax on f16 pairs. Q is quantized
+// to |q| <= 1, so |S| <= D * 448 = 57344 stays inside f16's range for any K bytes; S's f16
+// rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
+constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128 && !kRowsumMma;
+static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
+// f16x2 arithmetic of the S_F16 softmax (sm_90a).
+namespace h2 {
+template <bool B>
+struct flag {
+  static constexpr bool value = B;
+};
+ATOM_DEV u32 max(u32 a, u32 b) { u32 d; asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+ATOM_DEV u32 fma(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+ATOM_DEV u32 add(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+ATOM_DEV u32 mul(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"(a)); return d; }
+ATOM_DEV u32 pack(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d; }
+ATOM_DEV u32 splat(float x) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(d) : "f"(x)); return d; }
+ATOM_DEV float lo(u32 a) { float f; asm("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(a)); return f; }
+ATOM_DEV float hi(u32 a) { float f; asm("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(a)); return f; }
+// Two f16x2 pairs -> four e4m3 bytes (a's low, a's high, b's low, b's high), as f32x4_to_fp8x4.
+ATOM_DEV u32 to_fp8x4(u32 a, u32 b) {
+  u32 d;
+  asm("{.reg .b16 x, y; cvt.rn.satfinite.e4m3x2.f16x2 x, %1; cvt.rn.satfinite.e4m3x2.f16x2 y, %2; mov.b32 %0, {x, y};}"
+      : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+}  // namespace h2
+
 static_assert(!kPromote || (QST == 1 && D == 128), "O_PROMOTE: Q_STAGES 1, head_dim 128");
-constexpr int PRO = kPromote ? 2 * BM * D : 0;  // bytes of the partials' own area, before sO
+// S_F16 builds keep the partial as f16 in units of the row's sum l (|O| <= 448 l: every P V term is
+// p v with |v| <= 448), each warpgroup's 64 rows in its own rows of sO: no area of their own.
+constexpr bool kHalfPart = kPromote != 0 && kSF16;
+constexpr int PRO = kPromote && !kHalfPart ? 2 * BM * D : 0;  // bytes of the partials' own area, before sO
 constexpr int VSTAGE = kFp8 ? VROWS * BN : 2 * BN * D;  // bytes of a V stage
 constexpr int EB = kFp8 ? 1 : 2;  // bytes per K, V element (Q arrives 16-bit; FP8 quantizes it in shared memory)
 constexpr int Q8 = kFp8 ? BM * D : 0;  // bytes of the e4m3 Q tile (FP8)
@@ -519,6 +561,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const int n_iter = kw.n_iter;
 
       acc_t oacc[D / 16], sacc[BN / 16];
+      u32 s16[kSF16 ? BN / 4 : 1];  // S_F16: S as f16x2 pairs
       // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal): one tile's row sums, zeroed before
       // each P V and added to l_run in fp32 (FP8 wgmma accumulates with ~14 bits: summed across the
       // tiles of a 64k-key request, l lost most of its terms).
@@ -554,8 +597,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         const unsigned char* sKs = sK + EB * stage(it) * TILE;
         if constexpr (kFp8) {  // rows of 128 bytes: K steps of 32 bytes inside the swizzle atom
 #pragma unroll
-          for (int kc = 0; kc < D / 32; ++kc)
-            wg::op8<BN>::ss(sacc, wg::desc_bits(sQ8 + 64 * grp * D + kc * 32, 16, 1024), wg::desc_bits(sKs + kc * 32, 16, 1024), kc);
+          for (int kc = 0; kc < D / 32; ++kc) {
+            const u64 dq = wg::desc_bits(sQ8 + 64 * grp * D + kc * 32, 16, 1024), dk = wg::desc_bits(sKs + kc * 32, 16, 1024);
+            if constexpr (kSF16) wg::op8h<kSF16 ? BN : 128>::ss(s16, dq, dk, kc);
+            else wg::op8<BN>::ss(sacc, dq, dk, kc);
+          }
         } else {
           const u16 *q16 = reinterpret_cast<const u16*>(sQs), *k16 = reinterpret_cast<const u16*>(sKs);
 #pragma unroll
@@ -762,6 +808,124 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int nt = 0; nt < NPF; ++nt) mma::to_operand<DT>(pa[nt], sacc[nt]);
         }
       };
+      // S_F16: the softmax above on S's f16x2 pairs, P in place of S (s16), keys masked in f16. Pair
+      // 4 nt + j of tile nt holds row slot j & 1's columns 16 nt + {2q, 2q + 1} (j < 2) or
+      // 16 nt + {8 + 2q, 9 + 2q} (j >= 2). The f16 multipliers are kept inside [2^-24, 1]: a row whose
+      // multiplier is larger could put m * a past f16's range (absurd logits, |S a| > 57344 log2
+      // units); one below 2^-24 moves no argument by more than 57344 * 2^-24 (0.0034).
+      auto softmax16 = [&](int it, float* alpha, float* rs, float& vfac) {
+        wg::fence_regs(s16);
+        const int j0 = kw.tile(it) * BN;
+        if constexpr (kSoftcap) {  // S = tanh(S a_row) (times K's group scale), each pair through fp32
+#pragma unroll
+          for (int i = 0; i < BN / 4; ++i) {
+            const float m = a_row[i & 1] * (kGroupScales ? gk[i / 4] : 1.f);
+            s16[i] = pack_f16x2(tanh_(h2::lo(s16[i]) * m), tanh_(h2::hi(s16[i]) * m));
+          }
+        }
+        if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
+          row_limits lim[acc_t::row_slots];
+#pragma unroll
+          for (int r = 0; r < acc_t::row_slots; ++r) lim[r] = row_limits(j0 + acc_t::get_j(0), pos[r], u.sk, causal, W, S);
+          auto mask = [&](auto wnd) {
+            constexpr bool kW = decltype(wnd)::value;
+#pragma unroll
+            for (int i = 0; i < BN / 4; ++i) {
+              const int c = (i / 4) * 16 + 8 * ((i >> 1) & 1);
+              const row_limits& l = lim[i & 1];
+              const u32 m = (l.template visible<kW>(c) ? 0xffffu : 0u) | (l.template visible<kW>(c + 1) ? 0xffff0000u : 0u);
+              s16[i] = (s16[i] & m) | (0xfc00fc00u & ~m);  // f16 -inf where masked
+            }
+          };
+          if (W > 0) mask(h2::flag<true>{});
+          else mask(h2::flag<false>{});
+        }
+        float gmax[BN / 16][acc_t::row_slots];
+        if constexpr (kGroupK) {
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) {
+              const u32 m = h2::max(s16[4 * nt + sl], s16[4 * nt + 2 + sl]);
+              gmax[nt][sl] = fmax_(h2::lo(m), h2::hi(m)) * gk[nt];
+            }
+#pragma unroll
+          for (int w = 1; w < BN / 16; w *= 2)
+#pragma unroll
+            for (int nt = 0; nt + w < BN / 16; nt += 2 * w)
+#pragma unroll
+              for (int sl = 0; sl < 2; ++sl) gmax[nt][sl] = fmax_(gmax[nt][sl], gmax[nt + w][sl]);
+        } else {
+          u32 hm[BN / 8][2];
+#pragma unroll
+          for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) hm[i][sl] = s16[4 * (i / 2) + 2 * (i % 2) + sl];
+#pragma unroll
+          for (int w = 1; w < BN / 8; w *= 2)
+#pragma unroll
+            for (int i = 0; i + w < BN / 8; i += 2 * w)
+#pragma unroll
+              for (int sl = 0; sl < 2; ++sl) hm[i][sl] = h2::max(hm[i][sl], hm[i + w][sl]);
+#pragma unroll
+          for (int sl = 0; sl < 2; ++sl) gmax[0][sl] = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl]));
+        }
+        vfac = 1.f;
+        float msc[acc_t::row_slots];
+        bool grow = false;
+#pragma unroll
+        for (int sl = 0; sl < acc_t::row_slots; ++sl) grow |= m_run[sl] == neg_inf() || (gmax[0][sl] - m_run[sl]) * a_eff[sl] > kLazyLog2;
+        if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
+#pragma unroll
+          for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+            const float mx = acc_t::row_max(fmax_(gmax[0][sl], m_run[sl]));
+            const bool g = m_run[sl] == neg_inf() || (mx - m_run[sl]) * a_eff[sl] > kLazyLog2;
+            const float m_new = g ? mx : m_run[sl];
+            msc[sl] = m_new == neg_inf() ? 0.f : m_new * a_eff[sl];
+            alpha[sl] = g ? exp2_(m_run[sl] * a_eff[sl] - msc[sl]) : 1.f;
+            m_run[sl] = m_new;
+          }
+        } else {
+#pragma unroll
+          for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+            msc[sl] = m_run[sl] * a_eff[sl];
+            alpha[sl] = 1.f;
+          }
+        }
+        auto mul16 = [](float a) { return h2::splat(kSoftcap ? a : fmin_(fmax_(a, 5.9604645e-8f), 1.f)); };
+        u32 nb[2], mul[2], sum[2] = {0u, 0u};
+#pragma unroll
+        for (int sl = 0; sl < 2; ++sl) {
+          nb[sl] = h2::splat(-msc[sl]);
+          mul[sl] = mul16(a_eff[sl]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < BN / 16; ++nt) {
+          u32 gv16 = 0u;
+          if constexpr (kGroupK)
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) mul[sl] = mul16(a_eff[sl] * gk[nt]);
+          if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], mul[j & 1], nb[j & 1]));
+            sum[j & 1] = h2::add(sum[j & 1], p);
+            s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
+          }
+        }
+#pragma unroll
+        for (int sl = 0; sl < 2; ++sl) rs[sl] = h2::lo(sum[sl]) + h2::hi(sum[sl]);
+      };
+      // S_F16: P (s16) -> the operand registers of its P V.
+      auto to_operand16 = [&](op_t (&pd)[NPF]) {
+#pragma unroll
+        for (int kk = 0; kk < NPF; ++kk) {
+          pd[kk].x[0] = h2::to_fp8x4(s16[8 * kk], s16[8 * kk + 2]);
+          pd[kk].x[1] = h2::to_fp8x4(s16[8 * kk + 1], s16[8 * kk + 3]);
+          pd[kk].x[2] = h2::to_fp8x4(s16[8 * kk + 4], s16[8 * kk + 6]);
+          pd[kk].x[3] = h2::to_fp8x4(s16[8 * kk + 5], s16[8 * kk + 7]);
+        }
+      };
       // After O += P V of the previous tile completed: rescale O, update l.
       auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
@@ -802,12 +966,46 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         return float4{fmaf(a.x, part_f[0], x[0]), fmaf(a.y, part_f[0], x[1]), fmaf(a.z, part_f[1], x[2]),
                       fmaf(a.w, part_f[1], x[3])};
       };
-      // O's registers (complete P V's) into the partial: part = part * part_f + oacc, part_f = 1. The
-      // first of a unit waits until the previous unit's O has left sO (TMA stores, other threads' reads).
+      // S_F16: chunk i (0..7) of the f16 partial holds oacc[i] (pairs x[0..1], x[2..3], x[4..5], x[6..7]).
+      auto half_chunk = [&](int i) {
+        const int t = (int)(tid_x() % 128);
+        return reinterpret_cast<u32x4*>(reinterpret_cast<unsigned char*>(sO) + i / 4 * BM * 128 + grp * 64 * 128 +
+                                        (i % 4 * 128 + t) * 16);
+      };
+      // O's registers (complete P V's) into the partial: part = part * part_f + oacc, part_f = 1 (S_F16:
+      // the f16 partial in units of the row sum lam, part_f = lam). The first of a unit waits until the
+      // previous unit's O has left sO (TMA stores, other threads' reads).
       auto promote = [&]() {
         if (!has_part) {
           if (o_issuer) wg::bulk_wait_read<0>();
           wg::bar_sync(epi_bar(grp), 128);
+        }
+        if constexpr (kHalfPart) {
+          // lam: the row's sum l so far (it covers every key in O's registers), so |part| <= 448. On f16
+          // pairs, one chunk at a time (the registers of S(j + 1) and P are live beside it): part =
+          // part * (part_f / lam) + oacc / lam, one rounding to f16 per promotion (docs/fp8.md).
+          float lam[acc_t::row_slots], inv[acc_t::row_slots];
+#pragma unroll
+          for (int sl = 0; sl < acc_t::row_slots; ++sl) {
+            lam[sl] = fmax_(acc_t::row_sum(l_run[sl]), 1e-30f);
+            inv[sl] = 1.f / lam[sl];
+          }
+          const u32 r0 = h2::splat(part_f[0] * inv[0]), r1 = h2::splat(part_f[1] * inv[1]);
+#pragma unroll
+          for (int i = 0; i < D / 16; ++i) {
+            const float* x = oacc[i].x;
+            u32x4 o{h2::pack(x[0] * inv[0], x[1] * inv[0]), h2::pack(x[2] * inv[1], x[3] * inv[1]),
+                    h2::pack(x[4] * inv[0], x[5] * inv[0]), h2::pack(x[6] * inv[1], x[7] * inv[1])};
+            if (has_part) {
+              const u32x4 a = *half_chunk(i);
+              o = u32x4{h2::fma(a.x, r0, o.x), h2::fma(a.y, r1, o.y), h2::fma(a.z, r0, o.z), h2::fma(a.w, r1, o.w)};
+            }
+            *half_chunk(i) = o;
+          }
+          has_part = true;
+#pragma unroll
+          for (int sl = 0; sl < acc_t::row_slots; ++sl) part_f[sl] = lam[sl];
+          return;
         }
         // has_part tested once, not per chunk: ptxas then has 8 chunks' loads in flight before their
         // adds and stores (per chunk, a branch each kept them one load-add-store round trip apart)
@@ -828,7 +1026,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // Before P V(j) restarts O's registers: under S(j + 1) in the tensor cores (O's registers are
       // complete since the last round's wait), then a fence orders those reads before the P V's writes.
       auto promote_before = [&](int j) {
-        if (restart(j)) {
+        if (!kHalfPart && restart(j)) {
           promote();
           wg::fence();
         }
@@ -856,7 +1054,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
         }
         amax = fmax_(amax, shfl_xor(amax, 1));
-        const float qsc = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / qsc;
+        const float qsc = amax > 0.f ? amax / (kSF16 ? 1.f : 448.f) : 1.f, inv = 1.f / qsc;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           u32 w[4];
@@ -889,9 +1087,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::wait<0>();
         if (!kLateFreeK) free_k(0);
         if (!kFp8 && n_iter == 1) free_q();
-        softmax(0, alpha, rs, vfac);
-        if (kLateFreeK) free_k(0);
-        to_operand(pf);
+        if constexpr (kSF16) {
+          softmax16(0, alpha, rs, vfac);
+          to_operand16(pf);
+        } else {
+          softmax(0, alpha, rs, vfac);
+          if (kLateFreeK) free_k(0);
+          to_operand(pf);
+        }
         finish(alpha, rs, vfac);
         // Round it: S(it) and O += P(it - 1) V(it - 1) issued, the softmax of tile it under the latter;
         // P(it - 1) in pa, P(it) into pb. Rounds go in pairs so that the buffers alternate by name.
@@ -908,16 +1111,27 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           wg::wait<1>();  // S(it) done; the softmax overlaps O += P V of tile it - 1
           if (!kLateFreeK) free_k(it);  // KV_FP8 = 2: the key scales in K's stage are read by the softmax
           if (!kFp8 && it == n_iter - 1) free_q();
-          softmax(it, alpha, rs, vfac);
-          if (kLateFreeK) free_k(it);
-          if (kTwoP) to_operand(pb);
+          if constexpr (kSF16) {
+            softmax16(it, alpha, rs, vfac);
+            if (kTwoP) to_operand16(pb);
+          } else {
+            softmax(it, alpha, rs, vfac);
+            if (kLateFreeK) free_k(it);
+            if (kTwoP) to_operand(pb);
+          }
           wg::wait<0>();
           free_v(it - 1);
           wg::fence_regs(oacc);
           if constexpr (kRowsumMma) wg::fence_regs(lacc);
           wg::fence_regs(pa);  // read by the P V until here: not a register the softmax may reuse
-          if (!kTwoP) to_operand(pb);
+          if (!kTwoP) {
+            if constexpr (kSF16) to_operand16(pb);
+            else to_operand(pb);
+          }
           finish(alpha, rs, vfac);
+          // S_F16: P V(it) restarts next round; its promotion here, before that round's turn, leaves the
+          // other warpgroups' MMAs free to issue meanwhile (O holds the tiles before it).
+          if (kHalfPart && restart(it)) promote();
         };
         auto last_pv = [&](op_t (&pa)[NPF]) {
           wait_v(n_iter - 1);
@@ -962,7 +1176,20 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // or 64 rows not a multiple of G) 16-byte stores of the rows in it. The TMA store frees the
       // warpgroup at once: the 16-byte stores of a d128 tile took ~2000 cycles per unit on H100.
       const bool tma_o = 64 % G == 0 && u.m0 + (64 * grp + 64) / G <= u.sq;
-      if (kPromote && has_part)  // read back before the barrier: the rows of sO are written after it
+      if (kHalfPart && has_part) {  // read back before the barrier: the rows of sO are written after it
+        u32x4 a[D / 16];
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) a[i] = *half_chunk(i);
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) {
+          const u32 w[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            oacc[i].x[2 * k] = fmaf(h2::lo(w[k]), part_f[k & 1], oacc[i].x[2 * k]);
+            oacc[i].x[2 * k + 1] = fmaf(h2::hi(w[k]), part_f[k & 1], oacc[i].x[2 * k + 1]);
+          }
+        }
+      } else if (kPromote && has_part)
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const float4 r = with_part(i, *part_chunk(i));
