@@ -198,6 +198,9 @@ constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
 constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128 && !kRowsumMma;
 static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
+// S_F16 per 16 keys: S times each group's K scale relative to the tile's largest, that one in the
+// exp2's multiplier (below).
+constexpr bool kRelGK = kSF16 && kGroupK;
 // f16x2 arithmetic of the S_F16 softmax (sm_90a).
 namespace h2 {
 template <bool B>
@@ -209,6 +212,7 @@ ATOM_DEV u32 fma(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;
 ATOM_DEV u32 add(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 mul(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"(a)); return d; }
+ATOM_DEV float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 ATOM_DEV u32 pack(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d; }
 ATOM_DEV u32 splat(float x) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(d) : "f"(x)); return d; }
 ATOM_DEV float lo(u32 a) { float f; asm("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(a)); return f; }
@@ -666,6 +670,34 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
         }
       };
+      // The row's reference max moves only when the new one exceeds it by more than kLazyLog2 (log2
+      // units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
+      // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32. Most tiles move no row's
+      // reference: this lane's maxes (lmax) and one vote of the warp tell, so the rows' maxes
+      // (shuffles between the lanes of a row) are only taken when one may move. msc: the reference
+      // in log2 units; alpha: O's and l's rescale.
+      auto move_reference = [&](const float (&lmax)[acc_t::row_slots], float* msc, float* alpha) {
+        bool grow = false;
+#pragma unroll
+        for (int s = 0; s < acc_t::row_slots; ++s) grow |= m_run[s] == neg_inf() || (lmax[s] - m_run[s]) * a_eff[s] > kLazyLog2;
+        if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) {
+            const float mx = acc_t::row_max(fmax_(lmax[s], m_run[s]));
+            const bool g = m_run[s] == neg_inf() || (mx - m_run[s]) * a_eff[s] > kLazyLog2;
+            const float m_new = g ? mx : m_run[s];
+            msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
+            alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
+            m_run[s] = m_new;
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < acc_t::row_slots; ++s) {
+            msc[s] = m_run[s] * a_eff[s];
+            alpha[s] = 1.f;
+          }
+        }
+      };
       auto softmax = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(sacc);
         const int j0 = kw.tile(it) * BN;
@@ -746,31 +778,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = v_blk[b] / fmax_(v_tile, 1e-30f);
         }
         float msc[acc_t::row_slots];
-        bool grow = false;
-#pragma unroll
-        for (int s = 0; s < acc_t::row_slots; ++s) grow |= m_run[s] == neg_inf() || (gmax[0][s] - m_run[s]) * a_eff[s] > kLazyLog2;
-        // The row's reference max moves only when the new one exceeds it by more than kLazyLog2 (log2
-        // units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
-        // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32. Most tiles move no row's
-        // reference: this lane's maxes and one vote of the warp tell, so the rows' maxes (shuffles
-        // between the lanes of a row) are only taken when one may move.
-        if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
-#pragma unroll
-          for (int s = 0; s < acc_t::row_slots; ++s) {
-            const float mx = acc_t::row_max(fmax_(gmax[0][s], m_run[s]));
-            const bool g = m_run[s] == neg_inf() || (mx - m_run[s]) * a_eff[s] > kLazyLog2;
-            const float m_new = g ? mx : m_run[s];
-            msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
-            alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
-            m_run[s] = m_new;
-          }
-        } else {
-#pragma unroll
-          for (int s = 0; s < acc_t::row_slots; ++s) {
-            msc[s] = m_run[s] * a_eff[s];
-            alpha[s] = 1.f;
-          }
-        }
+        move_reference(gmax[0], msc, alpha);
         // P = exp2(S * a - msc), its row sums; then P times V's scales (relative to O's unit).
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) rs[s] = 0.f;
@@ -823,6 +831,22 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             s16[i] = pack_f16x2(tanh_(h2::lo(s16[i]) * m), tanh_(h2::hi(s16[i]) * m));
           }
         }
+        // Per 16 keys: S times each group's K scale relative to the tile's largest (<= 1: no f16
+        // overflow; a product under f16's range is a logit of less than 57344 * 2^-24 times the tile's
+        // scale), which joins the multiplier: then the max tree and the exp2 arguments of per tensor.
+        float gscale = 1.f;
+        if constexpr (kRelGK) {
+          gscale = gk[0];
+#pragma unroll
+          for (int nt = 1; nt < BN / 16; ++nt) gscale = fmax_(gscale, gk[nt]);
+          const float ginv = h2::rcp(gscale);
+#pragma unroll
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            const u32 g = h2::splat(gk[nt] * ginv);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], g);
+          }
+        }
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
           row_limits lim[acc_t::row_slots];
 #pragma unroll
@@ -840,22 +864,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           if (W > 0) mask(h2::flag<true>{});
           else mask(h2::flag<false>{});
         }
-        float gmax[BN / 16][acc_t::row_slots];
-        if constexpr (kGroupK) {
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt)
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) {
-              const u32 m = h2::max(s16[4 * nt + sl], s16[4 * nt + 2 + sl]);
-              gmax[nt][sl] = fmax_(h2::lo(m), h2::hi(m)) * gk[nt];
-            }
-#pragma unroll
-          for (int w = 1; w < BN / 16; w *= 2)
-#pragma unroll
-            for (int nt = 0; nt + w < BN / 16; nt += 2 * w)
-#pragma unroll
-              for (int sl = 0; sl < 2; ++sl) gmax[nt][sl] = fmax_(gmax[nt][sl], gmax[nt + w][sl]);
-        } else {
+        float gmax[acc_t::row_slots];  // this lane's part of each row's max (times K's scale)
+        {
           u32 hm[BN / 8][2];
 #pragma unroll
           for (int i = 0; i < BN / 8; ++i)
@@ -868,43 +878,21 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
               for (int sl = 0; sl < 2; ++sl) hm[i][sl] = h2::max(hm[i][sl], hm[i + w][sl]);
 #pragma unroll
-          for (int sl = 0; sl < 2; ++sl) gmax[0][sl] = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl]));
+          for (int sl = 0; sl < 2; ++sl) gmax[sl] = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl])) * gscale;
         }
         vfac = 1.f;
         float msc[acc_t::row_slots];
-        bool grow = false;
-#pragma unroll
-        for (int sl = 0; sl < acc_t::row_slots; ++sl) grow |= m_run[sl] == neg_inf() || (gmax[0][sl] - m_run[sl]) * a_eff[sl] > kLazyLog2;
-        if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
-#pragma unroll
-          for (int sl = 0; sl < acc_t::row_slots; ++sl) {
-            const float mx = acc_t::row_max(fmax_(gmax[0][sl], m_run[sl]));
-            const bool g = m_run[sl] == neg_inf() || (mx - m_run[sl]) * a_eff[sl] > kLazyLog2;
-            const float m_new = g ? mx : m_run[sl];
-            msc[sl] = m_new == neg_inf() ? 0.f : m_new * a_eff[sl];
-            alpha[sl] = g ? exp2_(m_run[sl] * a_eff[sl] - msc[sl]) : 1.f;
-            m_run[sl] = m_new;
-          }
-        } else {
-#pragma unroll
-          for (int sl = 0; sl < acc_t::row_slots; ++sl) {
-            msc[sl] = m_run[sl] * a_eff[sl];
-            alpha[sl] = 1.f;
-          }
-        }
+        move_reference(gmax, msc, alpha);
         auto mul16 = [](float a) { return h2::splat(kSoftcap ? a : fmin_(fmax_(a, 5.9604645e-8f), 1.f)); };
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) {
           nb[sl] = h2::splat(-msc[sl]);
-          mul[sl] = mul16(a_eff[sl]);
+          mul[sl] = mul16(a_eff[sl] * gscale);
         }
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
           u32 gv16 = 0u;
-          if constexpr (kGroupK)
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) mul[sl] = mul16(a_eff[sl] * gk[nt]);
           if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -988,7 +976,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int sl = 0; sl < acc_t::row_slots; ++sl) {
             lam[sl] = fmax_(acc_t::row_sum(l_run[sl]), 1e-30f);
-            inv[sl] = 1.f / lam[sl];
+            inv[sl] = h2::rcp(lam[sl]);  // the unit only: lam * inv is 1 within 2^-22
           }
           const u32 r0 = h2::splat(part_f[0] * inv[0]), r1 = h2::splat(part_f[1] * inv[1]);
 #pragma unroll
