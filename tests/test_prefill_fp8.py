@@ -469,6 +469,27 @@ def test_fp8_prefill_q_rows_of_any_magnitude(per_page, body):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
+def test_fp8_prefill_large_k_scales(per_page, body):
+    """K bytes 16 times smaller under scales 16 times larger (vLLM's uncalibrated k_scale = 1 is
+    of this kind): the same logits, but S's multiplier to log2 units (scale * max|q| * K's scale)
+    is past 1, which the f16-score tiles must carry as it is (a clamp to 1 there shrank every
+    logit), with K's bytes partly e4m3 subnormals."""
+    def edit(kc, table, seqs_k, scales):
+        used = torch.unique(table.flatten()).long()
+        kc[used] = (kc[used].float() / 16).to(kc.dtype)
+        if per_page:
+            scales["k_descale"].mul_(16)
+        else:
+            scales["k_scale"] *= 16
+
+    # per tensor: Q 4 times larger, so that the multiplier (~2) passes 1 with logits of std ~0.6; per
+    # page it is ~3 as it stands (the 0.4 pages' scales)
+    _fp8_attention_case([(300, 300), (20, 400), (1, 129)], 8, 2, {}, per_page=per_page, cache_edit=edit,
+                        q_edit=None if per_page else (lambda q: q.mul_(4)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
 def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
     """V with a mean makes O's sums grow like l, and the FP8 accumulator keeps ~14 bits: summed in
     the tensor cores over 4096 keys O lost rel 0.069 for V ~ N(2 sigma, sigma) (docs/fp8.md, long

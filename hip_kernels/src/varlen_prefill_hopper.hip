@@ -818,9 +818,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       };
       // S_F16: the softmax above on S's f16x2 pairs, P in place of S (s16), keys masked in f16. Pair
       // 4 nt + j of tile nt holds row slot j & 1's columns 16 nt + {2q, 2q + 1} (j < 2) or
-      // 16 nt + {8 + 2q, 9 + 2q} (j >= 2). The f16 multipliers are kept inside [2^-24, 1]: a row whose
-      // multiplier is larger could put m * a past f16's range (absurd logits, |S a| > 57344 log2
-      // units); one below 2^-24 moves no argument by more than 57344 * 2^-24 (0.0034).
+      // 16 nt + {8 + 2q, 9 + 2q} (j >= 2).
       auto softmax16 = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(s16);
         const int j0 = kw.tile(it) * BN;
@@ -883,12 +881,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         vfac = 1.f;
         float msc[acc_t::row_slots];
         move_reference(gmax, msc, alpha);
-        auto mul16 = [](float a) { return h2::splat(kSoftcap ? a : fmin_(fmax_(a, 5.9604645e-8f), 1.f)); };
+        // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
+        // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
+        auto in_f16 = [](float x) { return fmin_(fmax_(x, -65504.f), 65504.f); };
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) {
-          nb[sl] = h2::splat(-msc[sl]);
-          mul[sl] = mul16(a_eff[sl] * gscale);
+          nb[sl] = h2::splat(-in_f16(msc[sl]));
+          mul[sl] = h2::splat(in_f16(fmax_(a_eff[sl] * gscale, 5.9604645e-8f)));
         }
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
