@@ -1,7 +1,7 @@
 """The Hopper prefill kernel of the working tree against the one of a git revision, in one process.
 
     python -m bench.ab --base REV_OR_FILE [--rounds 6] [--only d128] [--define UNIT_SLOTS=1] [--fp8]
-                       [--fp8-config num_warps=12,block_n=64,stages=4,q_stages=1]
+                       [--fp8-config num_warps=8,f16_scores=0] [--base-fp8-config num_warps=8,f16_scores=0]
 
 The base kernel (`varlen_prefill_hopper.hip` at git revision REV, or the source file FILE) is
 written next to the working tree's, so both build with the working tree's headers and launcher,
@@ -10,6 +10,8 @@ of the repository may carry an older .git than this one: there, pass a file (`gi
 REV:hip_kernels/src/varlen_prefill_hopper.hip > ab_base.hip` here; untracked files travel).
 Three variants time the bench.prefill shapes: `base`, `base'` (the same source again: the
 harness's own noise) and `work` (the working tree, with --define, and the FP8 tile of --fp8-config).
+Both bases build the working tree's FP8 tiles, or those of --base-fp8-config: a base from before the
+f16-score tiles (stop 42) needs `--base-fp8-config num_warps=8,f16_scores=0`, its own tile.
 Every round times each shape with the variants in a rotated order: the variant timed first after
 a pause gets the best clocks (an identical copy timed second read 0.96-1.01 of the first; docs/perf/
 prefill.md, stop 32), so a fixed order would favour it. Reported: the median TFLOP/s over rounds
@@ -88,6 +90,7 @@ def main(argv=None):
     ap.add_argument("--fp8", action="store_true",
                     help="also the FP8-compute rows (per page, per tensor) of the FP8 shapes and the soft-cap one")
     ap.add_argument("--fp8-config", default=None, help="FIELD=INT,... of the work variant's FP8 tile (prefill.Config)")
+    ap.add_argument("--base-fp8-config", default=None, help="FIELD=INT,... of the base variants' FP8 tile")
     args = ap.parse_args(argv)
 
     import torch
@@ -108,6 +111,7 @@ def main(argv=None):
     variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()),
                 "work": (KERNEL, _defines(args.define))}
     work_fp8 = _config_fields(args.fp8_config)
+    base_fp8 = _config_fields(args.base_fp8_config)
     for n in ("base", "base'"):
         (SRC_DIR / variants[n][0]).write_text(base)
 
@@ -116,7 +120,7 @@ def main(argv=None):
         prefill.HOPPER_SOURCE = src
         for t, d in zip(tables, declared):
             fp8_table = t is prefill.FP8_CONFIGS or t is prefill.FP8_TENSOR_CONFIGS or t is prefill.FP8_KEY_CONFIGS
-            fields = work_fp8 if name == "work" and fp8_table else {}
+            fields = (work_fp8 if name == "work" else base_fp8) if fp8_table else {}
             for hd, cfg in d.items():
                 t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra, **fields)
         prefill._variant.cache_clear()
@@ -124,7 +128,7 @@ def main(argv=None):
     try:
         torch.manual_seed(0)
         print(f"device: {device_name()}  base {args.base}  work defines {dict(_defines(args.define))}  "
-              f"work FP8 tile {work_fp8 or 'as declared'}", flush=True)
+              f"work FP8 tile {work_fp8 or 'as declared'}  base FP8 tile {base_fp8 or 'as declared'}", flush=True)
         runs = []  # (label, make_fn(), pairs, d, hq)
         for label, seqs, hq, hk, d, kw in bp.SHAPES:
             if args.only and args.only not in label:

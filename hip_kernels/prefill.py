@@ -70,6 +70,11 @@ class Config:
     # promoted partial f16 in units of the row sum, in the warpgroup's rows of sO (no area of its own)
     f16_scores: bool = False
 
+    def f16_for(self, kv_fp8: int) -> bool:
+        """The Hopper kernel builds this tile on f16 scores for that FP8 mode (S_F16: per tensor and per
+        16 keys; a scale per key keeps fp32 scores)."""
+        return self.f16_scores and self.wgmma and kv_fp8 in (1, 3)
+
     @property
     def block_m(self) -> int:
         return 16 * self.warp_m_tiles * self.num_warps
@@ -87,8 +92,8 @@ class Config:
             # per tensor: V^T's rows of ones (ROWSUM_MMA), reserved whether or not a build uses them (a
             # bench.ab base may default to it)
             ones = 8 * self.stages * self.block_n if kv_fp8 == 1 else 0
-            # O's fp32 partials, with sO (f16_scores: f16 ones inside sO)
-            promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote and not self.f16_scores else 0
+            # O's fp32 partials, with sO (f16 scores: f16 ones inside sO)
+            promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote and not self.f16_for(kv_fp8) else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + promote + eb * head_dim * 2 * self.stages * self.block_n \
                 + q8 + scales + ones + 1024 + 512
         # 16-bit Q tile, K and V rings (FP8: of bytes; + slack for the first wgmma kernel, a bench reference
@@ -248,7 +253,7 @@ def _variant(head_dim: int, dtype_code: int, softcap: bool, cfg: Config | None =
 
     cfg = cfg or CONFIGS[head_dim]
     fp8 = {"KV_FP8": kv_fp8, **({"O_PROMOTE": cfg.o_promote} if cfg.o_promote else {}),
-           **({"S_F16": 1} if cfg.f16_scores and cfg.wgmma else {})} if kv_fp8 else {}
+           **({"S_F16": 1} if cfg.f16_for(kv_fp8) else {})} if kv_fp8 else {}
     if cfg.wgmma:
         if cfg.num_warps % 4 or cfg.warp_m_tiles != 1 or cfg.exp_poly:
             raise ValueError(f"Hopper prefill config {cfg}: whole warpgroups, one row tile per warp")

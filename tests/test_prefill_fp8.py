@@ -424,8 +424,9 @@ def test_fp8_prefill_vs_reference(name, per_page, page_size, body):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [(12, 64, 4, 1), (8, 64, 4, 2), (12, 96, 3, 1), (8, 192, 2, 2)],
-                         ids=["3wg_n64", "2wg_n64", "3wg_n96", "2wg_n192"])
+@pytest.mark.parametrize("cfg", [(12, 64, 4, 1, False), (8, 64, 4, 2, False), (12, 96, 3, 1, False),
+                                 (8, 192, 2, 2, False), (8, 128, 3, 1, True)],
+                         ids=["3wg_n64", "2wg_n64", "3wg_n96", "2wg_n192", "2wg_n128_f16"])
 @pytest.mark.parametrize("per_page,page_size", [(True, 16), (True, 1), (False, 16)],
                          ids=["per_page16", "per_key", "per_tensor"])
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "mha_tile_edges", "sink_tokens_8", "softcap_window_sinks",
@@ -434,12 +435,13 @@ def test_fp8_hopper_key_tiles(name, per_page, page_size, cfg, monkeypatch):
     """The Hopper kernel's other FP8 tiles, in every scale mode (bench.ab --fp8-config): 64 keys (V^T
     rows of one 64-byte swizzle panel, a stage's scales the half of a 128-key block), 96 (panels of
     32 keys) and 192 (of 64), whose tiles start inside a 128-key block and end in the next (a stage
-    holds both blocks' scales), with two or three consumer warpgroups."""
+    holds both blocks' scales), with two or three consumer warpgroups; and f16 scores on two
+    (two P operand buffers: the declared tile has three warpgroups and one)."""
     if prefill._default_arch() not in prefill.WGMMA_ARCHS:
         pytest.skip("the Hopper FP8 kernel is sm_90a only")
-    w, n, st, qs = cfg
+    w, n, st, qs, f16 = cfg
     for table in (prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS, prefill.FP8_KEY_CONFIGS):
-        monkeypatch.setitem(table, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs))
+        monkeypatch.setitem(table, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs, f16_scores=f16))
     seqs, hq, hk, kw = FP8_CASES[name]
     _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
 
