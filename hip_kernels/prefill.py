@@ -133,17 +133,15 @@ WGMMA_CONFIGS = {64: Config(12, 128, 3, wgmma=True), 128: Config(8, 128, 2, wgmm
 WGMMA_WINDOW_CONFIGS = {64: Config(4, 64, 3, wgmma=True, q_stages=1, ctas=3), 128: Config(8, 64, 2, wgmma=True)}
 WGMMA_ARCHS = ("sm_90a",)
 # FP8 compute (e4m3 Q, K, V^T on the Hopper kernel; k = PackedFp8 from gather.gather_kv_fp8),
-# every window, by scale mode: two consumer warpgroups of 128-key tiles (BLOCK_M 128) whose O
-# leaves the tensor cores' accumulator for fp32 shared memory every 8 tiles (1024 keys) in work
-# units of more keys (o_promote: the FP8 accumulator keeps ~14 bits, docs/fp8.md "Long requests";
-# the promotions cost 2-4% per page, 4-7% per tensor on H100, stop 41; the one Q stage nothing). Per tensor
-# ran three consumer warpgroups of 96-key tiles until stop 40 (1.04-1.06x these; no shared memory
-# or registers left for the promotion).
-# Per tensor and per 16 keys (per_page16, pages of a multiple of 16): three consumer warpgroups of
-# 128-key tiles (BLOCK_M 192) on f16 scores (f16_scores, which frees the registers and shared
-# memory they need): 1.08-1.14x the two-warpgroup fp32 tile per tensor, 1.01-1.12x per 16 keys on
+# every window, by scale mode. O leaves the tensor cores' accumulator every 8 tiles (1024 keys) in
+# work units of more keys (o_promote: the FP8 accumulator keeps ~14 bits, docs/fp8.md "Long
+# requests"). Per tensor and per 16 keys (per_page16, pages of a multiple of 16): three consumer
+# warpgroups of 128-key tiles (BLOCK_M 192) on f16 scores (f16_scores: S in an f16 accumulator, O's
+# partial f16 in the O staging buffer, which frees the registers and shared memory a third
+# warpgroup needs): 1.08-1.14x the two-warpgroup fp32 tile per tensor, 1.01-1.12x per 16 keys on
 # H100 (stop 42: a third warp per scheduler fills the softmax's dependency waits). A scale per key
-# (per_page, pages of 1-8 keys) keeps the two-warpgroup fp32 tile (FP8_KEY_CONFIGS).
+# (per_page, pages of 1-8 keys) keeps two consumer warpgroups of 128-key fp32 tiles whose partial
+# is fp32 in a shared-memory area of its own (FP8_KEY_CONFIGS; the promotions cost it 2-4%, stop 41).
 FP8_CONFIGS = {128: Config(12, 128, 3, wgmma=True, q_stages=1, o_promote=8, f16_scores=True)}
 FP8_TENSOR_CONFIGS = {128: Config(12, 128, 3, wgmma=True, q_stages=1, o_promote=8, f16_scores=True)}
 FP8_KEY_CONFIGS = {128: Config(8, 128, 3, wgmma=True, q_stages=1, o_promote=8)}
