@@ -495,9 +495,10 @@ def test_fp8_prefill_large_k_scales(per_page, body):
 def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
     """V with a mean makes O's sums grow like l, and the FP8 accumulator keeps ~14 bits: summed in
     the tensor cores over 4096 keys O lost rel 0.069 for V ~ N(2 sigma, sigma) (docs/fp8.md, long
-    requests). Both bodies move O to fp32 every 1024 keys (O_PROMOTE: shared memory on Hopper, a
-    second register copy in the portable body), so the bound holds at any length; the requests here
-    promote 3 times and 1 time (with rows past the request's end)."""
+    requests). Both bodies move O out of the FP8 accumulator every 1024 keys (O_PROMOTE: to shared
+    memory on Hopper, fp32 or, on the f16-score tiles, f16 in units of the row sum; to a second fp32
+    register copy in the portable body), so the bound holds at any length; the requests here promote
+    3 times and 1 time (with rows past the request's end)."""
     _fp8_attention_case([(256, 4096), (1100, 2100)], 8, 2, {}, per_page=per_page, v_offset=4.0)
 
 
@@ -507,7 +508,7 @@ def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
 @pytest.mark.parametrize("kw", [{"softcap": 30.0, "sinks": True}, {"window": 2000, "sink_tokens": 4}, {"causal": False}],
                          ids=["softcap_sinks", "window_sink_tokens", "non_causal"])
 def test_fp8_prefill_promoted_with_features(kw, per_page, page_size, body):
-    """Work units of more than 1024 keys (both bodies move O to fp32 every 1024: O_PROMOTE)
+    """Work units of more than 1024 keys (both bodies move O out of the accumulator every 1024: O_PROMOTE)
     with the soft-cap and sinks, a window of 2000 keys with sink tokens, and without causality (every
     unit sees every key); V offset by 2 sigma, so that an O left in the FP8 accumulator would fail."""
     _fp8_attention_case([(300, 2600), (40, 3000)], 8, 2, kw, per_page=per_page, page_size=page_size, v_offset=4.0)

@@ -62,15 +62,28 @@ ATOM_DEV void mask_cols(Acc (&s)[N], const row_limits (&lim)[Acc::row_slots]) {
     for (int e = 0; e < Acc::ne; ++e)
       if (!lim[Acc::row_slot(e)].template visible<kWindow>(nt * 16 + Acc::get_j(e) - Acc::get_j(0))) s[nt].x[e] = neg_inf();
 }
-// The same for the tile from key j0, the lane's rows at key positions pos[row slot].
-template <class Acc, int N>
-ATOM_DEV void mask_cols(Acc (&s)[N], int j0, const int (&pos)[Acc::row_slots], int sk, bool causal, int window,
+// The same on f16 pairs of the fragments (an f16 accumulator: pair i holds elements 2 (i % (ne / 2))
+// and the next of tile i / (ne / 2)): f16 -inf (0xfc00) where not visible.
+template <bool kWindow, class Acc, int N>
+ATOM_DEV void mask_cols(u32 (&s)[N], const row_limits (&lim)[Acc::row_slots]) {
+  constexpr int P = Acc::ne / 2;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int e = 2 * (i % P), c = (i / P) * 16 + Acc::get_j(e) - Acc::get_j(0);
+    const row_limits& l = lim[Acc::row_slot(e)];
+    const u32 m = (l.template visible<kWindow>(c) ? 0xffffu : 0u) | (l.template visible<kWindow>(c + 1) ? 0xffff0000u : 0u);
+    s[i] = (s[i] & m) | (0xfc00fc00u & ~m);
+  }
+}
+// Either for the tile from key j0, the lane's rows at key positions pos[row slot].
+template <class Acc, class Frag>
+ATOM_DEV void mask_cols(Frag& s, int j0, const int (&pos)[Acc::row_slots], int sk, bool causal, int window,
                         int sink_tokens) {
   row_limits lim[Acc::row_slots];
 #pragma unroll
   for (int r = 0; r < Acc::row_slots; ++r) lim[r] = row_limits(j0 + Acc::get_j(0), pos[r], sk, causal, window, sink_tokens);
-  if (window > 0) mask_cols<true>(s, lim);
-  else mask_cols<false>(s, lim);
+  if (window > 0) mask_cols<true, Acc>(s, lim);
+  else mask_cols<false, Acc>(s, lim);
 }
 // Some key of [j0, j1) is masked for some query of positions [p_first, p_last].
 ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, bool causal, int window,

@@ -203,20 +203,15 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 constexpr bool kRelGK = kSF16 && kGroupK;
 // f16x2 arithmetic of the S_F16 softmax (sm_90a).
 namespace h2 {
-template <bool B>
-struct flag {
-  static constexpr bool value = B;
-};
 ATOM_DEV u32 max(u32 a, u32 b) { u32 d; asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 fma(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 ATOM_DEV u32 add(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 mul(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"(a)); return d; }
 ATOM_DEV float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
-ATOM_DEV u32 pack(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d; }
 ATOM_DEV u32 splat(float x) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(d) : "f"(x)); return d; }
-ATOM_DEV float lo(u32 a) { float f; asm("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(a)); return f; }
-ATOM_DEV float hi(u32 a) { float f; asm("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(a)); return f; }
+ATOM_DEV float lo(u32 a) { return f16_to_f32((u16)(a & 0xffffu)); }
+ATOM_DEV float hi(u32 a) { return f16_to_f32((u16)(a >> 16)); }
 // Two f16x2 pairs -> four e4m3 bytes (a's low, a's high, b's low, b's high), as f32x4_to_fp8x4.
 ATOM_DEV u32 to_fp8x4(u32 a, u32 b) {
   u32 d;
@@ -737,7 +732,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
             for (int e = 0; e < acc_t::ne; ++e) sacc[nt].x[e] = tanh_(sacc[nt].x[e] * a_row[acc_t::row_slot(e)]);
 #endif
-        if (masked) mask_cols(sacc, j0, pos, u.sk, causal, W, S);
+        if (masked) mask_cols<acc_t>(sacc, j0, pos, u.sk, causal, W, S);
         // This lane's part of each row's max: every 16-key group's, then a tree over the groups (a
         // chain of BN / 4 dependent max operations would sit on the softmax's critical path).
         float gmax[BN / 16][acc_t::row_slots];
@@ -845,23 +840,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], g);
           }
         }
-        if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) {
-          row_limits lim[acc_t::row_slots];
-#pragma unroll
-          for (int r = 0; r < acc_t::row_slots; ++r) lim[r] = row_limits(j0 + acc_t::get_j(0), pos[r], u.sk, causal, W, S);
-          auto mask = [&](auto wnd) {
-            constexpr bool kW = decltype(wnd)::value;
-#pragma unroll
-            for (int i = 0; i < BN / 4; ++i) {
-              const int c = (i / 4) * 16 + 8 * ((i >> 1) & 1);
-              const row_limits& l = lim[i & 1];
-              const u32 m = (l.template visible<kW>(c) ? 0xffffu : 0u) | (l.template visible<kW>(c + 1) ? 0xffff0000u : 0u);
-              s16[i] = (s16[i] & m) | (0xfc00fc00u & ~m);  // f16 -inf where masked
-            }
-          };
-          if (W > 0) mask(h2::flag<true>{});
-          else mask(h2::flag<false>{});
-        }
+        if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) mask_cols<acc_t>(s16, j0, pos, u.sk, causal, W, S);
         float gmax[acc_t::row_slots];  // this lane's part of each row's max (times K's scale)
         {
           u32 hm[BN / 8][2];
@@ -982,8 +961,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int i = 0; i < D / 16; ++i) {
             const float* x = oacc[i].x;
-            u32x4 o{h2::pack(x[0] * inv[0], x[1] * inv[0]), h2::pack(x[2] * inv[1], x[3] * inv[1]),
-                    h2::pack(x[4] * inv[0], x[5] * inv[0]), h2::pack(x[6] * inv[1], x[7] * inv[1])};
+            u32x4 o{pack_f16x2(x[0] * inv[0], x[1] * inv[0]), pack_f16x2(x[2] * inv[1], x[3] * inv[1]),
+                    pack_f16x2(x[4] * inv[0], x[5] * inv[0]), pack_f16x2(x[6] * inv[1], x[7] * inv[1])};
             if (has_part) {
               const u32x4 a = *half_chunk(i);
               o = u32x4{h2::fma(a.x, r0, o.x), h2::fma(a.y, r1, o.y), h2::fma(a.z, r0, o.z), h2::fma(a.w, r1, o.w)};
