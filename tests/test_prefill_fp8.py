@@ -124,6 +124,8 @@ def unpack(p: gather.PackedFp8, seqs_k):
         sc = p.key_scales.cpu()  # [H, blocks, 2, 128] in lane order
         nat = torch.empty_like(sc)
         nat[..., lane] = sc
+        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..63: the group block)
+            nat[:, :, 0] = nat[:, :, 0, ::16].repeat_interleave(16, dim=-1)
         kd = nat[:, :, 0, :].reshape(H, -1).t()  # [total, H]
         vd = (nat[:, :, 1, :] * p.v_max.cpu()[:, :, None]).reshape(H, -1).t()
         kf, vf = k8 * kd[:, :, None], v * vd[:, :, None]
@@ -316,6 +318,29 @@ def test_portable_fp8_body_uses_the_fp8_mfma(arch, tmp_path, monkeypatch):
 # --- GPU ----------------------------------------------------------------------------------------
 
 
+def _f16_halves(words: torch.Tensor):
+    """fp32 tensor holding f16 pairs -> (low halves, high halves) as float32."""
+    w = words.contiguous().view(torch.int32)
+    half = lambda x: x.to(torch.int16).view(torch.float16).float()
+    return half(w & 0xFFFF), half((w >> 16) & 0xFFFF)
+
+
+def check_group_block(p: gather.PackedFp8):
+    """per_page16: K's positions 32..63 of each block hold the Hopper kernel's group block
+    (src/fp8_pack.h): each 16-key group's K scale (floored at 1e-30) over the block's largest and its V
+    scale (over v_max), f16 in both halves of a word, then the largest K scale."""
+    sc = p.key_scales.cpu()
+    k_heads = sc[:, :, 0, 0:32:4].clamp_min(1e-30)  # key 16 n's scale sits at position 4 n
+    v_heads = sc[:, :, 1, 0:32:4]
+    kmax = k_heads.amax(-1)
+    block = sc[:, :, 0, 32:49]
+    assert torch.equal(block[..., 16], kmax)
+    for words, want in ((block[..., :8], k_heads / kmax[..., None]), (block[..., 8:16], v_heads)):
+        lo, hi = _f16_halves(words)
+        assert torch.equal(lo, hi)
+        assert torch.allclose(lo, want.half().float(), rtol=2 ** -10, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16, 1024])
 @pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
@@ -334,6 +359,8 @@ def test_gather_fp8_layout(page_size, per_page, layout):
         assert not pk.any() and not pv.any()
     if per_page:
         assert (p.key_scales.cpu()[:, :, 1] <= 1).all()
+        if p.scale == "per_page16":
+            check_group_block(p)
         # O's unit: every block of a request holds the request's largest V scale per head
         vd, tab, cu_kp = scales["v_descale"].cpu(), table.cpu().long(), p.cu_kp.cpu().tolist()
         for b, n in enumerate(seqs_k):
@@ -411,6 +438,9 @@ FP8_CASES = {
     # Tiles with no masked key (rows far below the diagonal): per tensor caps those after the row max.
     "softcap_prefix": ([(100, 700), (300, 300)], 8, 2, {"softcap": 30.0}),
     "non_causal": ([(100, 100), (40, 300), (1, 70)], 4, 2, {"causal": False}),
+    # Last tiles of requests that BLOCK_M (192 on Hopper) does not divide: warpgroups whose rows all lie
+    # past the request (448 = 2 * 192 + 64, 320 = 192 + 128) or whose last key ends a tile early.
+    "idle_warpgroups": ([(448, 448), (320, 1500), (64, 2000), (1, 900)], 8, 2, {}),
 }
 
 

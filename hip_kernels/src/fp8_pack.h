@@ -9,7 +9,13 @@
 //   per page: kvs [H][total_pad / 128][2][128] fp32, each 128-key block's K scales and its V
 //   scales divided by v_max [H][total_pad / 128] (each block: its request's largest V scale, the
 //   unit of O in the FP8 bodies), key j of a block at fp8_scale_pos(j) (the Hopper kernel's lane
-//   order; the portable body indexes it).
+//   order; the portable body indexes it). Pages of a multiple of 16 keys (per_page16, KV_FP8 = 3):
+//   every body reads a 16-key group's scales at its first key (position 4 n of each half), and
+//   K's positions 32..63 hold the group block, the block's factors as the Hopper kernel's f16-score
+//   softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
+//   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
+//   largest K scale (fp32). Ready-made, they take a division and a max tree off the path from S to
+//   the row max.
 #pragma once
 
 #include "atom_mma.h"
@@ -17,6 +23,7 @@
 namespace atom {
 
 constexpr int kFp8Align = 128;
+constexpr int kFp8GroupBlock = 32;  // per_page16: the group block's first position in K's half
 
 // The key (0..127) of a kFp8Align block that V^T holds at position p.
 ATOM_DEV int fp8_vt_key(int p) { return 32 * (p >> 5) + mma::fp8_p_key(p & 31); }

@@ -269,9 +269,23 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       vs = v_descale[(i64)s_page[r] * num_heads + h];
     }
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-    dst[fp8_scale_pos(r)] = ks;
-    dst[FP8_ROWS + fp8_scale_pos(r)] = vs / ref;
+    const bool groups = page_size % 16 == 0;  // per_page16: K's positions 32..63 hold the group block
+    const int pos = fp8_scale_pos(r);
+    if (!(groups && pos >= kFp8GroupBlock && pos < 2 * kFp8GroupBlock)) dst[pos] = ks;
+    dst[FP8_ROWS + pos] = vs / ref;
     if (r == 0) v_max[h * blocks + blk] = ref;
+    if (groups && r < FP8_ROWS / 16) {  // group r's ready-made factors (src/fp8_pack.h)
+      auto k_of = [&](int g) {  // group g's K scale, > 0 (a zero-scale page's bytes are zero: -inf * 0 = NaN)
+        return fmax_(s_off[16 * g] >= 0 ? k_descale[(i64)s_page[16 * g] * num_heads + h] : 0.f, 1e-30f);
+      };
+      float kmax = 0.f;
+      for (int g = 0; g < FP8_ROWS / 16; ++g) kmax = fmax_(kmax, k_of(g));
+      const float kr = k_of(r) / kmax;
+      const float vr = s_off[16 * r] >= 0 ? v_descale[(i64)s_page[16 * r] * num_heads + h] / ref : 0.f;
+      dst[kFp8GroupBlock + r] = u32_as_f32(pack_f16x2(kr, kr));
+      dst[kFp8GroupBlock + 8 + r] = u32_as_f32(pack_f16x2(vr, vr));
+      if (r == 0) dst[kFp8GroupBlock + 16] = kmax;
+    }
   }
 #else
   (void)kvs; (void)v_max; (void)k_descale; (void)v_descale; (void)v_ref;

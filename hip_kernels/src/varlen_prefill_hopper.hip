@@ -201,6 +201,10 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // S_F16 per 16 keys: S times each group's K scale relative to the tile's largest, that one in the
 // exp2's multiplier (below).
 constexpr bool kRelGK = kSF16 && kGroupK;
+// FP8: consumer warpgroups skip the tiles (or units) where none of their rows sees a key (below). The
+// 16-bit builds keep the full walk: their tuned and calibrated tables (bench.tune, bench.calibrate)
+// were measured on it.
+constexpr bool kSkipIdle = kFp8;
 // f16x2 arithmetic of the S_F16 softmax (sm_90a).
 namespace h2 {
 ATOM_DEV u32 max(u32 a, u32 b) { u32 d; asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
@@ -557,7 +561,22 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // are relative to it); KV_FP8 = 2, the last tile's block's.
       float v_ref = 1.f;
       if (kGroupScales && u.sk > 0) v_ref = v_max[(i64)u.g * v_max_blocks + u.k0 / kFp8Align];
-      const int n_iter = kw.n_iter;
+      // The unit's tiles (n_unit: the copier's) and this warpgroup's (n_iter). kSkipIdle: a warpgroup whose
+      // rows all lie past the request (the last tile of a request that BLOCK_M does not divide) computes
+      // nothing, and one whose rows' last key (causal) ends before the unit's drops the tiles after it
+      // (every key there is masked for its rows: P = 0, no move of a row's max); either keeps its part in
+      // the unit's turns and stage hand-backs (below) so that the ring and the barriers' counts stay whole.
+      const int n_unit = kw.n_iter;
+      const bool idle = kSkipIdle && u.m0 + 64 * grp / G >= u.sq;
+      int n_iter = n_unit;
+      if constexpr (kSkipIdle) {
+        auto key_tiles = [&](int p_last) {  // kv_walk's tile bound for rows up to key position p_last
+          const int hi = causal ? imin(u.sk, p_last + 1) : u.sk;
+          return hi > 0 ? (hi + BN - 1) / BN : 0;
+        };
+        const int drop = key_tiles(off + imin(u.m0 + u.rows, u.sq) - 1) - key_tiles(imin(wp_last, off + u.sq - 1));
+        n_iter = idle ? 0 : imax(0, n_unit - drop);
+      }
 
       acc_t oacc[D / 16], sacc[BN / 16];
       u32 s16[kSF16 ? BN / 4 : 1];  // S_F16: S as f16x2 pairs
@@ -656,8 +675,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // before S is waited for. K's > 0: a zero-scale page's bytes are zero (the floor keeps
       // -inf * 0 from making a NaN of a masked key).
       float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
+      // kRelGK: the pack's group block (src/fp8_pack.h), four 16-byte reads: K's group factors, V's (f16
+      // pairs), then the block's largest K scale; gk / gv unused.
+      u32x4 grel[kRelGK ? 4 : 1];
+      float gscale_t = 1.f;
       auto load_groups = [&](int it) {
-        if constexpr (kGroupScales) {
+        if constexpr (kRelGK) {
+          const float* b = sS + stage(it) * SC_TILE + kFp8GroupBlock;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i);
+          gscale_t = fmax_(b[16], 1e-30f);  // a block past the pack's end arrives as zeros
+        } else if constexpr (kGroupScales) {
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
             gk[nt] = fmax_(*group_at(it, 0, nt), 1e-30f);
@@ -828,17 +856,16 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         // overflow; a product under f16's range is a logit of less than 57344 * 2^-24 times the tile's
         // scale), which joins the multiplier: then the max tree and the exp2 arguments of per tensor.
         float gscale = 1.f;
+        auto grel_at = [&](int w) {  // word w of the group block's first 16
+          const u32x4& v = grel[w / 4];
+          return w % 4 == 0 ? v.x : w % 4 == 1 ? v.y : w % 4 == 2 ? v.z : v.w;
+        };
         if constexpr (kRelGK) {
-          gscale = gk[0];
+          gscale = gscale_t;
 #pragma unroll
-          for (int nt = 1; nt < BN / 16; ++nt) gscale = fmax_(gscale, gk[nt]);
-          const float ginv = h2::rcp(gscale);
+          for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt) {
-            const u32 g = h2::splat(gk[nt] * ginv);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], g);
-          }
+            for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], grel_at(nt));
         }
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) mask_cols<acc_t>(s16, j0, pos, u.sk, causal, W, S);
         float gmax[acc_t::row_slots];  // this lane's part of each row's max (times K's scale)
@@ -872,7 +899,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
           u32 gv16 = 0u;
-          if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
+          if constexpr (kRelGK) gv16 = grel_at(8 + nt);
+          else if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], mul[j & 1], nb[j & 1]));
@@ -1001,7 +1029,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 
       wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
       ++qn;
-      if constexpr (kFp8) {
+      if (kFp8 && n_iter == 0) free_q();  // no S to issue: the 16-bit stage goes back unread
+      if (kFp8 && n_iter > 0) {
         // Q -> e4m3 in shared memory, one scale per row (token, head): s = max|q| / 448 (1 for a
         // zero row), x8 = rn_satfinite(q * (1 / s)) (docs/fp8.md): two threads per row of this
         // warpgroup, each one 64-column panel of the 16-bit tile. The 16-bit stage is handed back
@@ -1135,7 +1164,24 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         wg::fence_regs(pf);
         if (kTwoP) wg::fence_regs(pg);
       }
-      base += n_iter;
+      if constexpr (kSkipIdle) {
+        // The turns and stages of the tiles this warpgroup dropped, as a round would take them: the first
+        // turn (S(0)'s) bare when it has none of its own, then per tile K and V waited, a turn, both freed.
+        if (n_iter == 0 && n_unit > 0) {
+          turn_wait();
+          turn_pass();
+        }
+        for (int k = n_iter; k < n_unit; ++k) {
+          wait_k(k);
+          wait_v(k);
+          turn_wait();
+          turn_pass();
+          free_k(k);
+          free_v(k);
+        }
+      }
+      base += n_unit;
+      if (idle) continue;  // no row of the request: nothing to store
 
       // Epilogue: normalise (sink in the denominator), lse, O through this warpgroup's rows of sO
       // (once the previous unit's O has left them), then to global memory: by one TMA store per
