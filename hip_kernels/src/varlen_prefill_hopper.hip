@@ -112,9 +112,6 @@
 #ifndef S_F16
 #define S_F16 0
 #endif
-#ifndef KREL_LATE
-#define KREL_LATE 1
-#endif
 #ifndef LOCAL_MAX_CHECK
 #define LOCAL_MAX_CHECK 1
 #endif
@@ -865,11 +862,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         };
         if constexpr (kRelGK) {
           gscale = gscale_t;
-          if constexpr (!KREL_LATE)
 #pragma unroll
-            for (int nt = 0; nt < BN / 16; ++nt)
+          for (int nt = 0; nt < BN / 16; ++nt)
 #pragma unroll
-              for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], grel_at(nt));
+            for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], grel_at(nt));
         }
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) mask_cols<acc_t>(s16, j0, pos, u.sk, causal, W, S);
         float gmax[acc_t::row_slots];  // this lane's part of each row's max (times K's scale)
@@ -884,10 +880,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
             for (int i = 0; i + w < BN / 8; i += 2 * w)
 #pragma unroll
-              for (int sl = 0; sl < 2; ++sl) {
-                hm[i][sl] = h2::max(hm[i][sl], hm[i + w][sl]);
-                if (kRelGK && KREL_LATE && w == 1) hm[i][sl] = h2::mul(hm[i][sl], grel_at(i / 2));
-              }
+              for (int sl = 0; sl < 2; ++sl) hm[i][sl] = h2::max(hm[i][sl], hm[i + w][sl]);
 #pragma unroll
           for (int sl = 0; sl < 2; ++sl) gmax[sl] = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl])) * gscale;
         }
@@ -908,14 +901,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           u32 gv16 = 0u;
           if constexpr (kRelGK) gv16 = grel_at(8 + nt);
           else if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
-          // KREL_LATE: the group's K factor in the multiplier, at least f16's smallest (-inf * 0 = NaN)
-          u32 m[2] = {mul[0], mul[1]};
-          if constexpr (kRelGK && KREL_LATE)
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) m[sl] = h2::max(h2::mul(mul[sl], grel_at(nt)), 0x00010001u);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], m[j & 1], nb[j & 1]));
+            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], mul[j & 1], nb[j & 1]));
             sum[j & 1] = h2::add(sum[j & 1], p);
             s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
           }
