@@ -124,7 +124,7 @@ def unpack(p: gather.PackedFp8, seqs_k):
         sc = p.key_scales.cpu()  # [H, blocks, 2, 128] in lane order
         nat = torch.empty_like(sc)
         nat[..., lane] = sc
-        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..63: the group block)
+        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..48: the group block)
             nat[:, :, 0] = nat[:, :, 0, ::16].repeat_interleave(16, dim=-1)
         kd = nat[:, :, 0, :].reshape(H, -1).t()  # [total, H]
         vd = (nat[:, :, 1, :] * p.v_max.cpu()[:, :, None]).reshape(H, -1).t()
@@ -319,14 +319,13 @@ def test_portable_fp8_body_uses_the_fp8_mfma(arch, tmp_path, monkeypatch):
 
 
 def _f16_halves(words: torch.Tensor):
-    """fp32 tensor holding f16 pairs -> (low halves, high halves) as float32."""
-    w = words.contiguous().view(torch.int32)
-    half = lambda x: x.to(torch.int16).view(torch.float16).float()
-    return half(w & 0xFFFF), half((w >> 16) & 0xFFFF)
+    """fp32 tensor holding f16 pairs -> (low halves, high halves) as float32 (little-endian words)."""
+    h = words.contiguous().view(torch.float16).float()
+    return h[..., 0::2], h[..., 1::2]
 
 
 def check_group_block(p: gather.PackedFp8):
-    """per_page16: K's positions 32..63 of each block hold the Hopper kernel's group block
+    """per_page16: K's positions 32..48 of each block hold the Hopper kernel's group block
     (src/fp8_pack.h): each 16-key group's K scale (floored at 1e-30) over the block's largest and its V
     scale (over v_max), f16 in both halves of a word, then the largest K scale."""
     sc = p.key_scales.cpu()
@@ -438,8 +437,9 @@ FP8_CASES = {
     # Tiles with no masked key (rows far below the diagonal): per tensor caps those after the row max.
     "softcap_prefix": ([(100, 700), (300, 300)], 8, 2, {"softcap": 30.0}),
     "non_causal": ([(100, 100), (40, 300), (1, 70)], 4, 2, {"causal": False}),
-    # Last tiles of requests that BLOCK_M (192 on Hopper) does not divide: warpgroups whose rows all lie
-    # past the request (448 = 2 * 192 + 64, 320 = 192 + 128) or whose last key ends a tile early.
+    # Last tiles of requests that the Hopper tile (192 rows; here 48 tokens of 4 packed query heads, 16
+    # per warpgroup) does not divide: warpgroups whose rows all lie past the request (448 and 320 leave
+    # two and one) and whose last key ends a tile early (the unit at token 96 of 448).
     "idle_warpgroups": ([(448, 448), (320, 1500), (64, 2000), (1, 900)], 8, 2, {}),
 }
 

@@ -269,7 +269,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       vs = v_descale[(i64)s_page[r] * num_heads + h];
     }
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-    const bool groups = page_size % 16 == 0;  // per_page16: K's positions 32..63 hold the group block
+    const bool groups = page_size % 16 == 0;  // per_page16: K's positions 32..48 hold the group block
     const int pos = fp8_scale_pos(r);
     if (!(groups && pos >= kFp8GroupBlock && pos < 2 * kFp8GroupBlock)) dst[pos] = ks;
     dst[FP8_ROWS + pos] = vs / ref;

@@ -675,7 +675,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // before S is waited for. K's > 0: a zero-scale page's bytes are zero (the floor keeps
       // -inf * 0 from making a NaN of a masked key).
       float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
-      // kRelGK: the pack's group block (src/fp8_pack.h), four 16-byte reads: K's group factors, V's (f16
+      // kRelGK: the pack's group block (src/fp8_pack.h), four 16-byte reads and a word: K's group factors, V's (f16
       // pairs), then the block's largest K scale; gk / gv unused.
       u32x4 grel[kRelGK ? 4 : 1];
       float gscale_t = 1.f;
@@ -684,7 +684,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           const float* b = sS + stage(it) * SC_TILE + kFp8GroupBlock;
 #pragma unroll
           for (int i = 0; i < 4; ++i) grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i);
-          gscale_t = fmax_(b[16], 1e-30f);  // a block past the pack's end arrives as zeros
+          gscale_t = fmax_(b[16], 1e-30f);  // the gather floors it already: a zero here would make -inf * 0
         } else if constexpr (kGroupScales) {
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
