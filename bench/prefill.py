@@ -190,7 +190,8 @@ def run_fp8(seqs, q, cache, *, with_gather: bool, **kw):
     sk = [b for _, b in seqs]
     cu_kp_h = gather.fp8_padded_starts(sk)
     cu_kp = torch.tensor(cu_kp_h, dtype=torch.int32, device=q.device)
-    pack = lambda: gather.gather_kv_fp8(k_cache, v_cache, cu_k, cu_kp, cu_kp_h[-1], block_table=table, **scales)
+    pack = lambda: gather.gather_kv_fp8(k_cache, v_cache, cu_k, cu_kp, cu_kp_h[-1], block_table=table,
+                                        max_seqlen_k=max(sk), **scales)
     packed = pack()
     cu_q = torch.tensor([0] + [sum(a for a, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
                         device=q.device)

@@ -84,6 +84,10 @@ def variants() -> list[Variant]:
 #   "mfma":   MFMA 16x16x32 fp8 (the portable body on gfx942 / gfx950): lane group q = lane / 16
 #             holds keys 4q..4q+3 and 16+4q..16+4q+3 of each 32 as its K-bytes 8q..8q+7.
 FP8_ALIGN = 128
+# Per-page packs: requests of at most this many pages take their V reference (largest V scale) inside
+# the gather, every 128-row block reading all of its request's pages (4096: 16 loads a thread); longer
+# ones a pre-pass that reads each page once (atom_fp8_v_ref).
+FP8_INLINE_REF_PAGES = 4096
 FP8_KEY_ORDERS = {
     "nvidia": tuple(16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(32)),
     "mfma": tuple(4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1) for p in range(32)),
@@ -311,12 +315,15 @@ def gather_kv_fp8(
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
     check_pages: bool = False,
+    max_seqlen_k: int | None = None,
 ) -> PackedFp8:
     """An e4m3 cache's keys in the FP8 prefill's layout (PackedFp8), bytes unchanged.
 
     cu_kp: device int32 [n + 1] from fp8_padded_starts (host lengths); total_pad its last entry (a
     host int). Scales as for gather_kv: per tensor (k_scale / v_scale, floats or one-element fp32
-    tensors) or per page (k_descale / v_descale [num_blocks, H]). check_pages: as for gather_kv."""
+    tensors) or per page (k_descale / v_descale [num_blocks, H]). check_pages: as for gather_kv.
+    max_seqlen_k (host int, optional): the longest request's keys; per page, requests of at most
+    FP8_INLINE_REF_PAGES pages then take their V reference inside the gather (no pre-pass)."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() \
             or v_cache.dtype != k_cache.dtype:
         raise ValueError("gather_kv_fp8: caches must both be [num_blocks, page_size, kv_heads, head_dim], alike")
@@ -351,7 +358,9 @@ def gather_kv_fp8(
         scale = "per_page16" if page_size % 16 == 0 else "per_page"  # every 16 keys in one page
         key_scales = torch.empty((heads, blocks, 2, FP8_ALIGN), dtype=torch.float32, device=dev)
         v_max = torch.empty((heads, blocks), dtype=torch.float32, device=dev)
-        v_ref = torch.zeros((num_seqs, heads), dtype=torch.float32, device=dev)  # atomic maxes land here
+        inline_ref = max_seqlen_k is not None and -(-int(max_seqlen_k) // page_size) <= FP8_INLINE_REF_PAGES
+        if not inline_ref:
+            v_ref = torch.zeros((num_seqs, heads), dtype=torch.float32, device=dev)  # atomic maxes land here
     else:
         scale = "per_tensor"
         kv_scale = _pair(k_scale, v_scale, dev)

@@ -97,13 +97,16 @@ def _cu(lens):
     return torch.tensor(out, dtype=torch.int32, device=DEV)
 
 
-def pack(k_cache, v_cache, table, seqs_k, scales, layout="vllm"):
+def pack(k_cache, v_cache, table, seqs_k, scales, layout="vllm", inline_ref=True):
+    """gather_kv_fp8 of the requests seqs_k; inline_ref: per page, the V reference taken inside the gather
+    (max_seqlen_k given) rather than by the pre-pass."""
     cu_kp_h = gather.fp8_padded_starts(seqs_k)
-    kw = {"block_table": table}
+    kw = {"block_table": table, "max_seqlen_k": max(seqs_k, default=0) if inline_ref else None}
     if layout == "sglang":
         ps = k_cache.shape[1]
         idx = [table[b, : -(-n // ps)] for b, n in enumerate(seqs_k)]
-        kw = {"kv_indptr": _cu([len(x) for x in idx]), "kv_page_indices": torch.cat(idx).contiguous()}
+        kw = {"kv_indptr": _cu([len(x) for x in idx]), "kv_page_indices": torch.cat(idx).contiguous(),
+              "max_seqlen_k": kw["max_seqlen_k"]}
     return gather.gather_kv_fp8(k_cache, v_cache, _cu(seqs_k), torch.tensor(cu_kp_h, dtype=torch.int32, device=DEV),
                                 cu_kp_h[-1], **kw, **scales)
 
@@ -342,13 +345,16 @@ def check_group_block(p: gather.PackedFp8):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16, 1024])
-@pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
+@pytest.mark.parametrize("per_page,inline_ref", [(True, True), (True, False), (False, True)],
+                         ids=["per_page", "per_page_prepass", "per_tensor"])
 @pytest.mark.parametrize("layout", ["vllm", "sglang"])
-def test_gather_fp8_layout(page_size, per_page, layout):
+def test_gather_fp8_layout(page_size, per_page, inline_ref, layout):
+    """The pack's bytes and scales; per page with the V reference taken inside the gather or by the
+    pre-pass (requests of more than gather.FP8_INLINE_REF_PAGES pages)."""
     seqs_k = [300, 1, 0, 129, 1024 + 7]
     hk, d = 2, 128
     kc, vc, table, scales = fp8_cache(seqs_k, hk, d, page_size, per_page=per_page)
-    p = pack(kc, vc, table, seqs_k, scales, layout)
+    p = pack(kc, vc, table, seqs_k, scales, layout, inline_ref=inline_ref)
     got_k, got_v, pads = unpack(p, seqs_k)
     want_k, want_v, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
                                         **{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in scales.items()})
