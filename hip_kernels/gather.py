@@ -29,7 +29,7 @@ from .runtime import Variant
 SOURCE = "gather.hip"
 KERNEL = "atom_gather_kv"
 FP8_KERNEL = "atom_gather_kv_fp8"  # e4m3 bytes into the FP8 prefill's layout (gather_kv_fp8)
-V_REF_KERNEL = "atom_fp8_v_ref"  # per-page scales: each request's largest V scale, before FP8_KERNEL
+V_REF_KERNEL = "atom_fp8_v_ref"  # per-page scales: each request's largest V scale, before FP8_KERNEL (long requests)
 THREADS = 256
 MAX_ROWS = 256
 _ITEMS_PER_BLOCK = 2048  # 16-byte chunks per block: 8 per thread, enough loads in flight
