@@ -11,8 +11,8 @@
 //   unit of O in the FP8 bodies), key j of a block at fp8_scale_pos(j) (the Hopper kernel's lane
 //   order; the portable body indexes it). Pages of a multiple of 16 keys (per_page16, KV_FP8 = 3):
 //   every body reads a 16-key group's scales at its first key (position 4 n of each half), and
-//   K's positions 32..48 hold the group block (49..63 are left unwritten), the block's factors as the Hopper kernel's f16-score
-//   softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
+//   K's positions 32..48 hold the group block (the other positions keep their keys' scales), the
+//   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
 //   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
 //   largest K scale (fp32). Ready-made, they take a division and a max tree off the path from S to
 //   the row max.
@@ -24,6 +24,7 @@ namespace atom {
 
 constexpr int kFp8Align = 128;
 constexpr int kFp8GroupBlock = 32;  // per_page16: the group block's first position in K's half
+constexpr int kFp8GroupWords = 17;  // and its words: 8 K factors, 8 V factors, the largest K scale
 
 // The key (0..127) of a kFp8Align block that V^T holds at position p.
 ATOM_DEV int fp8_vt_key(int p) { return 32 * (p >> 5) + mma::fp8_p_key(p & 31); }

@@ -67,6 +67,18 @@ ATOM_DEV in_vec load_in(const void* p) { return load16_stream(p); }
 #endif
 #define OUT_BYTES 2
 
+// Cache page of sequence b's logical page lp: vLLM's 2D block table (row stride table_stride), or
+// SGLang's 1D page list with per-sequence starts (indptr).
+ATOM_DEV i64 page_of(const i32* __restrict__ table, const i32* __restrict__ indptr, i64 b, i64 table_stride, i64 lp) {
+#if GATHER_LAYOUT == 0
+  (void)indptr;
+  return table[b * table_stride + lp];
+#else
+  (void)table_stride;
+  return table[(i64)indptr[b] + lp];
+#endif
+}
+
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
     u8* __restrict__ k_out, u8* __restrict__ v_out,                // [total_kv, H, D], contiguous
     const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,  // [num_blocks, page, H, D], strided
@@ -92,11 +104,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
     const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
     const i64 t = row - cu_seqlens_k[i];
     const i64 lp = t / page_size;
-#if GATHER_LAYOUT == 0
-    const i64 page = table[b * table_stride + lp];
-#else
-    const i64 page = table[(i64)indptr[b] + lp];
-#endif
+    const i64 page = page_of(table, indptr, b, table_stride, lp);
     s_off[r] = page_offset(page, t - lp * page_size, 0, page_stride, slot_stride, 0);
 #if GATHER_FP8 && GATHER_SCALE == 2
     s_page[r] = (i32)page;
@@ -165,6 +173,20 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 // ---------------------------------------------------------------------------------------------
 #define FP8_ROWS kFp8Align
 
+#if GATHER_SCALE == 2
+// The largest V scale of head h over sequence b's logical pages lp0..lp1, the block's threads
+// striding over them; each warp's lanes end with their warp's maximum (0 without a page).
+ATOM_DEV float warp_v_scale_max(const i32* __restrict__ table, const i32* __restrict__ indptr,
+                                const float* __restrict__ v_descale, i64 b, i64 table_stride, i64 num_heads, i64 h,
+                                i64 lp0, i64 lp1) {
+  float m = 0.f;
+  for (i64 lp = lp0 + (i64)tid_x(); lp <= lp1; lp += GATHER_THREADS)
+    m = fmax_(m, v_descale[page_of(table, indptr, b, table_stride, lp) * num_heads + h]);
+  for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+  return m;
+}
+#endif
+
 extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8(
     u8* __restrict__ k8, u8* __restrict__ vt8, float* __restrict__ kvs, float* __restrict__ v_max,
     const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
@@ -190,11 +212,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     if (t < (i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i])) {
       const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
       const i64 lp = t / page_size;
-#if GATHER_LAYOUT == 0
-      page = table[b * table_stride + lp];
-#else
-      page = table[(i64)indptr[b] + lp];
-#endif
+      page = (i32)page_of(table, indptr, b, table_stride, lp);
       off = page_offset(page, t - lp * page_size, 0, page_stride, slot_stride, 0);
     }
     s_off[tid] = off;
@@ -209,16 +227,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     const i32 i = find_seq(cu_kp, (i32)num_seqs, row0);
     const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
     const i64 pages = ((i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i]) + page_size - 1) / page_size;
-    float m = 0.f;
-    for (i64 lp = tid; lp < pages; lp += GATHER_THREADS) {
-#if GATHER_LAYOUT == 0
-      const i64 page = table[b * table_stride + lp];
-#else
-      const i64 page = table[(i64)indptr[b] + lp];
-#endif
-      m = fmax_(m, v_descale[page * num_heads + h]);
-    }
-    for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+    const float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, 0, pages - 1);
     if (lane_id() == 0) s_ref[tid / ATOM_WARP_SIZE] = m;
   }
 #endif
@@ -297,9 +306,9 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       vs = v_descale[(i64)s_page[r] * num_heads + h];
     }
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-    const bool groups = page_size % 16 == 0;  // per_page16: K's positions 32..48 hold the group block
+    const bool groups = page_size % 16 == 0;  // per_page16 (as gather_kv_fp8 names it): the group block
     const int pos = fp8_scale_pos(r);
-    if (!(groups && pos >= kFp8GroupBlock && pos < 2 * kFp8GroupBlock)) dst[pos] = ks;
+    if (!(groups && pos >= kFp8GroupBlock && pos < kFp8GroupBlock + kFp8GroupWords)) dst[pos] = ks;
     dst[FP8_ROWS + pos] = vs / ref;
     if (r == 0) v_max[h * blocks + blk] = ref;
     if (groups && r < FP8_ROWS / 16) {  // group r's ready-made factors (src/fp8_pack.h)
@@ -341,16 +350,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_fp8_v_ref(
   const i64 t1 = t0 + FP8_ROWS < n ? t0 + FP8_ROWS : n;
   const i64 lp0 = t0 / page_size, lp1 = (t1 - 1) / page_size;  // the pages it holds
   for (i64 h = 0; h < num_heads; ++h) {
-    float m = 0.f;
-    for (i64 lp = lp0 + tid; lp <= lp1; lp += GATHER_THREADS) {
-#if GATHER_LAYOUT == 0
-      const i64 page = table[b * table_stride + lp];
-#else
-      const i64 page = table[(i64)indptr[b] + lp];
-#endif
-      m = fmax_(m, v_descale[page * num_heads + h]);
-    }
-    for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
+    float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, lp0, lp1);
     if (lane_id() == 0) s_red[tid / ATOM_WARP_SIZE] = m;
     sync_block();
     if (tid == 0) {

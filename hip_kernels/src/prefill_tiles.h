@@ -17,12 +17,13 @@ ATOM_DEV int imax(int a, int b) { return a > b ? a : b; }
 // proportional to visible pairs: fully masked tiles are never visited.
 struct kv_walk {
   int n_sink, first, n_iter;
+  int last;  // one past the last tile: rows that end earlier drop a suffix of the walk
   ATOM_DEV kv_walk(int sq, int sk, int m0, int rows, int bn, bool causal, int window, int sink_tokens) {
     const int off = sk - sq;  // query row i sits at key position off + i
     const int p_first = off + m0, p_last = off + imin(m0 + rows, sq) - 1;
     const int hi_key = causal ? imin(sk, p_last + 1) : sk;
     const int lo_key = window > 0 ? imax(0, p_first - window + 1) : 0;
-    int last = 0;
+    last = 0;
     n_sink = first = 0;
     if (hi_key > 0) {
       last = (hi_key + bn - 1) / bn;

@@ -570,12 +570,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const bool idle = kSkipIdle && u.m0 + 64 * grp / G >= u.sq;
       int n_iter = n_unit;
       if constexpr (kSkipIdle) {
-        auto key_tiles = [&](int p_last) {  // kv_walk's tile bound for rows up to key position p_last
-          const int hi = causal ? imin(u.sk, p_last + 1) : u.sk;
-          return hi > 0 ? (hi + BN - 1) / BN : 0;
-        };
-        const int drop = key_tiles(off + imin(u.m0 + u.rows, u.sq) - 1) - key_tiles(imin(wp_last, off + u.sq - 1));
-        n_iter = idle ? 0 : imax(0, n_unit - drop);
+        const int t0 = u.m0 + 64 * grp / G;  // this warpgroup's tokens: t0 .. t0 + rows - 1
+        const kv_walk own(u.sq, u.sk, t0, u.m0 + (64 * grp + 63) / G + 1 - t0, BN, causal, W, S);
+        n_iter = idle ? 0 : imax(0, n_unit - (kw.last - own.last));
       }
 
       acc_t oacc[D / 16], sacc[BN / 16];
