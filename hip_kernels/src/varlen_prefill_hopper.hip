@@ -198,8 +198,9 @@ constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
 constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128 && !kRowsumMma;
 static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
-// S_F16 per 16 keys: S times each group's K scale relative to the tile's largest, that one in the
-// exp2's multiplier (below).
+// S_F16 per 16 keys: each group's K scale relative to the tile's largest joins the exp2's multiplier
+// per group, the largest the row's; the row max is bounded on the unscaled S and taken exactly only
+// when a row may move (below).
 constexpr bool kRelGK = kSF16 && kGroupK;
 // FP8: consumer warpgroups skip the tiles (or units) where none of their rows sees a key (below). The
 // 16-bit builds keep the full walk: their tuned and calibrated tables (bench.tune, bench.calibrate)
@@ -695,12 +696,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32. Most tiles move no row's
       // reference: this lane's maxes (lmax) and one vote of the warp tell, so the rows' maxes
       // (shuffles between the lanes of a row) are only taken when one may move. msc: the reference
-      // in log2 units; alpha: O's and l's rescale.
-      auto move_reference = [&](const float (&lmax)[acc_t::row_slots], float* msc, float* alpha) {
+      // in log2 units; alpha: O's and l's rescale. lmax may be an upper bound of the lane's maxes: refine
+      // then makes it exact, only when a row may move.
+      auto move_reference = [&](float (&lmax)[acc_t::row_slots], float* msc, float* alpha, auto&& refine) {
         bool grow = false;
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) grow |= m_run[s] == neg_inf() || (lmax[s] - m_run[s]) * a_eff[s] > kLazyLog2;
         if (!LOCAL_MAX_CHECK || mma::warp_any(grow)) {
+          refine(lmax);
 #pragma unroll
           for (int s = 0; s < acc_t::row_slots; ++s) {
             const float mx = acc_t::row_max(fmax_(lmax[s], m_run[s]));
@@ -798,7 +801,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             for (int b = 0; b < SC_BLOCKS; ++b) vc[b] = v_blk[b] / fmax_(v_tile, 1e-30f);
         }
         float msc[acc_t::row_slots];
-        move_reference(gmax[0], msc, alpha);
+        move_reference(gmax[0], msc, alpha, [](float (&)[acc_t::row_slots]) {});
         // P = exp2(S * a - msc), its row sums; then P times V's scales (relative to O's unit).
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) rs[s] = 0.f;
@@ -849,21 +852,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             s16[i] = pack_f16x2(tanh_(h2::lo(s16[i]) * m), tanh_(h2::hi(s16[i]) * m));
           }
         }
-        // Per 16 keys: S times each group's K scale relative to the tile's largest (<= 1: no f16
-        // overflow; a product under f16's range is a logit of less than 57344 * 2^-24 times the tile's
-        // scale), which joins the multiplier: then the max tree and the exp2 arguments of per tensor.
+        // Per 16 keys: each group's K scale relative to the tile's largest (f <= 1) joins the exp2's
+        // multiplier, the largest (gscale) the row's. The max tree runs on the unscaled S, as per
+        // tensor: max_j S_j f_j <= gscale max(max_j S_j, 0), a bound of the scaled row max that decides
+        // whether a row may move (most tiles: no); only then is the exact max taken (refine).
         float gscale = 1.f;
         auto grel_at = [&](int w) {  // word w of the group block's first 16
           const u32x4& v = grel[w / 4];
           return w % 4 == 0 ? v.x : w % 4 == 1 ? v.y : w % 4 == 2 ? v.z : v.w;
         };
-        if constexpr (kRelGK) {
-          gscale = gscale_t;
-#pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s16[4 * nt + j] = h2::mul(s16[4 * nt + j], grel_at(nt));
-        }
+        if constexpr (kRelGK) gscale = gscale_t;
+        // A group factor that f16 rounds to zero counts as 2^-24 (0x0001): -inf * 0 would make a NaN of a
+        // masked key; an unmasked one moves by at most 57344 * 2^-24 of the tile's scale.
+        constexpr u32 kTiny = 0x00010001u;
         if (tile_needs_mask(j0, j0 + BN, wp_first, wp_last, u.sk, causal, W, S)) mask_cols<acc_t>(s16, j0, pos, u.sk, causal, W, S);
         float gmax[acc_t::row_slots];  // this lane's part of each row's max (times K's scale)
         {
@@ -879,11 +880,29 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
               for (int sl = 0; sl < 2; ++sl) hm[i][sl] = h2::max(hm[i][sl], hm[i + w][sl]);
 #pragma unroll
-          for (int sl = 0; sl < 2; ++sl) gmax[sl] = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl])) * gscale;
+          for (int sl = 0; sl < 2; ++sl) {
+            const float m = fmax_(h2::lo(hm[0][sl]), h2::hi(hm[0][sl]));
+            gmax[sl] = kRelGK ? (m > 0.f ? m * gscale : 0.f) : m * gscale;
+          }
         }
         vfac = 1.f;
         float msc[acc_t::row_slots];
-        move_reference(gmax, msc, alpha);
+        move_reference(gmax, msc, alpha, [&](float (&lmax)[acc_t::row_slots]) {
+          if constexpr (kRelGK) {  // the exact maxes: each group's, times its factor
+            u32 gm[2];
+#pragma unroll
+            for (int nt = 0; nt < BN / 16; ++nt) {
+              const u32 f = h2::max(grel_at(nt), kTiny);
+#pragma unroll
+              for (int sl = 0; sl < 2; ++sl) {
+                const u32 g = h2::mul(h2::max(s16[4 * nt + sl], s16[4 * nt + 2 + sl]), f);
+                gm[sl] = nt ? h2::max(gm[sl], g) : g;
+              }
+            }
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) lmax[sl] = fmax_(h2::lo(gm[sl]), h2::hi(gm[sl])) * gscale;
+          }
+        });
         // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
         auto in_f16 = [](float x) { return fmin_(fmax_(x, -65504.f), 65504.f); };
@@ -895,12 +914,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
-          u32 gv16 = 0u;
-          if constexpr (kRelGK) gv16 = grel_at(8 + nt);
-          else if constexpr (kGroupScales) gv16 = h2::splat(gv[nt]);
+          u32 gv16 = 0u, gmul[2];
+          if constexpr (kRelGK) {
+            gv16 = grel_at(8 + nt);
+#pragma unroll
+            for (int sl = 0; sl < 2; ++sl) gmul[sl] = h2::fma(grel_at(nt), mul[sl], kTiny);
+          } else if constexpr (kGroupScales) {
+            gv16 = h2::splat(gv[nt]);
+          }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], mul[j & 1], nb[j & 1]));
+            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], nb[j & 1]));
             sum[j & 1] = h2::add(sum[j & 1], p);
             s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
           }
