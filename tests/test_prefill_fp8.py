@@ -527,6 +527,19 @@ def test_fp8_prefill_large_k_scales(per_page, body):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_fp8_prefill_v_scales_far_apart(page_size, body):
+    """Per page: V scales 2^-10 of their neighbours' on some pages and 0 on one, in one request: P times a
+    V factor far under 1 (e4m3 subnormals) where l must still count every key's P, also where V is zero."""
+    def edit(kc, table, seqs_k, scales):
+        pages = table[0, : -(-seqs_k[0] // page_size)].long()
+        scales["v_descale"][pages[3::37]] *= 2.0 ** -10
+        scales["v_descale"][pages[5]] = 0.0
+
+    _fp8_attention_case([(300, 1500), (64, 700)], 8, 2, {}, page_size=page_size, cache_edit=edit)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
 def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
     """V with a mean makes O's sums grow like l, and the FP8 accumulator keeps ~14 bits: summed in

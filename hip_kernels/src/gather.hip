@@ -174,13 +174,13 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 #define FP8_ROWS kFp8Align
 
 #if GATHER_SCALE == 2
-// The largest V scale of head h over sequence b's logical pages lp0..lp1, the block's threads
-// striding over them; each warp's lanes end with their warp's maximum (0 without a page).
+// The largest V scale of head h over sequence b's logical pages lp0..lp1, `stride` threads (this one
+// the t-th) striding over them; each warp's lanes end with their warp's maximum (0 without a page).
 ATOM_DEV float warp_v_scale_max(const i32* __restrict__ table, const i32* __restrict__ indptr,
                                 const float* __restrict__ v_descale, i64 b, i64 table_stride, i64 num_heads, i64 h,
-                                i64 lp0, i64 lp1) {
+                                i64 lp0, i64 lp1, int t, int stride) {
   float m = 0.f;
-  for (i64 lp = lp0 + (i64)tid_x(); lp <= lp1; lp += GATHER_THREADS)
+  for (i64 lp = lp0 + t; lp <= lp1; lp += stride)
     m = fmax_(m, v_descale[page_of(table, indptr, b, table_stride, lp) * num_heads + h]);
   for (int o = ATOM_WARP_SIZE / 2; o > 0; o /= 2) m = fmax_(m, shfl_xor(m, o));
   return m;
@@ -198,37 +198,54 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     i64 total_pad, i64 num_seqs, i64 table_stride, i64 page_size,
     i64 page_stride, i64 slot_stride, i64 head_stride, i64 num_heads, i64 head_dim) {
   __shared__ i64 s_off[FP8_ROWS];  // byte offset of the row's (page, slot); -1: padding
-  __shared__ i32 s_page[FP8_ROWS];
   __shared__ u32x4 s_v16[FP8_ROWS * 256 / 16];  // the head's V rows (vidx), 16-byte aligned
   u32* s_v = reinterpret_cast<u32*>(s_v16);
   const i64 row0 = (i64)bid_x() * FP8_ROWS, h = (i64)bid_y();
   const int tid = (int)tid_x();
+#if GATHER_SCALE == 2
+  __shared__ float s_ks[FP8_ROWS], s_vs[FP8_ROWS];  // the rows' K and V scales (0: padding)
+  __shared__ float s_ref[GATHER_THREADS / ATOM_WARP_SIZE];
+  __shared__ i32 s_seq;  // the block's request
+#endif
+  // The first half of the block resolves its rows' pages (and reads their scales); the second half
+  // meanwhile, per page without v_ref, takes the request's largest V scale of head h from all of the
+  // request's pages (the host passes null only for requests of few pages: FP8_INLINE_REF_PAGES), which
+  // saves the pre-pass and its zeroed buffer: two launches, ~15 us of a 16k-key batch on H100. These
+  // are the block's dependent loads: in two halves side by side, its latency before the copies is one
+  // chain's.
   if (tid < FP8_ROWS) {
     const i64 row = row0 + tid;
     const i32 i = find_seq(cu_kp, (i32)num_seqs, row);
     const i64 t = row - cu_kp[i];
     i64 off = -1;
-    i32 page = 0;
+#if GATHER_SCALE == 2
+    float ks = 0.f, vs = 0.f;
+#endif
     if (t < (i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i])) {
       const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
       const i64 lp = t / page_size;
-      page = (i32)page_of(table, indptr, b, table_stride, lp);
+      const i64 page = page_of(table, indptr, b, table_stride, lp);
       off = page_offset(page, t - lp * page_size, 0, page_stride, slot_stride, 0);
+#if GATHER_SCALE == 2
+      ks = k_descale[page * num_heads + h];
+      vs = v_descale[page * num_heads + h];
+#endif
     }
     s_off[tid] = off;
-    s_page[tid] = page;
+#if GATHER_SCALE == 2
+    s_ks[tid] = ks;
+    s_vs[tid] = vs;
+    if (tid == 0) s_seq = i;
+#endif
   }
 #if GATHER_SCALE == 2
-  // v_ref null: the block takes its request's largest V scale of head h itself, from all of the
-  // request's pages (the host passes null only for requests of few pages: FP8_INLINE_REF_PAGES),
-  // which saves the pre-pass and its zeroed buffer: two launches, ~15 us of a 16k-key batch on H100.
-  __shared__ float s_ref[GATHER_THREADS / ATOM_WARP_SIZE];
-  if (v_ref == nullptr) {
+  else if (v_ref == nullptr) {
     const i32 i = find_seq(cu_kp, (i32)num_seqs, row0);
     const i64 b = seq_ids ? (i64)seq_ids[i] : (i64)i;
     const i64 pages = ((i64)(cu_seqlens_k[i + 1] - cu_seqlens_k[i]) + page_size - 1) / page_size;
-    const float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, 0, pages - 1);
-    if (lane_id() == 0) s_ref[tid / ATOM_WARP_SIZE] = m;
+    const float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, 0, pages - 1,
+                                     tid - FP8_ROWS, GATHER_THREADS - FP8_ROWS);
+    if (lane_id() == 0) s_ref[(tid - FP8_ROWS) / ATOM_WARP_SIZE] = m;
   }
 #endif
   sync_block();
@@ -292,33 +309,27 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   if (tid < FP8_ROWS) {
     float ref_h = 0.f;
     if (v_ref != nullptr) {
-      ref_h = v_ref[(i64)find_seq(cu_kp, (i32)num_seqs, row0) * num_heads + h];
+      ref_h = v_ref[(i64)s_seq * num_heads + h];
     } else {
 #pragma unroll
-      for (int w = 0; w < GATHER_THREADS / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
+      for (int w = 0; w < (GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
     }
     const float ref = ref_h > 0.f ? ref_h : 1.f;
     const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
     const int r = tid;
-    float ks = 0.f, vs = 0.f;
-    if (s_off[r] >= 0) {
-      ks = k_descale[(i64)s_page[r] * num_heads + h];
-      vs = v_descale[(i64)s_page[r] * num_heads + h];
-    }
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
     const bool groups = page_size % 16 == 0;  // per_page16 (as gather_kv_fp8 names it): the group block
     const int pos = fp8_scale_pos(r);
-    if (!(groups && pos >= kFp8GroupBlock && pos < kFp8GroupBlock + kFp8GroupWords)) dst[pos] = ks;
-    dst[FP8_ROWS + pos] = vs / ref;
+    if (!(groups && pos >= kFp8GroupBlock && pos < kFp8GroupBlock + kFp8GroupWords)) dst[pos] = s_ks[r];
+    dst[FP8_ROWS + pos] = s_vs[r] / ref;
     if (r == 0) v_max[h * blocks + blk] = ref;
     if (groups && r < FP8_ROWS / 16) {  // group r's ready-made factors (src/fp8_pack.h)
-      auto k_of = [&](int g) {  // group g's K scale, > 0 (a zero-scale page's bytes are zero: -inf * 0 = NaN)
-        return fmax_(s_off[16 * g] >= 0 ? k_descale[(i64)s_page[16 * g] * num_heads + h] : 0.f, 1e-30f);
-      };
+      // group g's K scale, > 0 (a zero-scale page's bytes are zero: -inf * 0 = NaN); padding's is 0
+      auto k_of = [&](int g) { return fmax_(s_ks[16 * g], 1e-30f); };
       float kmax = 0.f;
       for (int g = 0; g < FP8_ROWS / 16; ++g) kmax = fmax_(kmax, k_of(g));
       const float kr = k_of(r) / kmax;
-      const float vr = s_off[16 * r] >= 0 ? v_descale[(i64)s_page[16 * r] * num_heads + h] / ref : 0.f;
+      const float vr = s_vs[16 * r] / ref;
       dst[kFp8GroupBlock + r] = u32_as_f32(pack_f16x2(kr, kr));
       dst[kFp8GroupBlock + 8 + r] = u32_as_f32(pack_f16x2(vr, vr));
       if (r == 0) dst[kFp8GroupBlock + 16] = kmax;
@@ -350,7 +361,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_fp8_v_ref(
   const i64 t1 = t0 + FP8_ROWS < n ? t0 + FP8_ROWS : n;
   const i64 lp0 = t0 / page_size, lp1 = (t1 - 1) / page_size;  // the pages it holds
   for (i64 h = 0; h < num_heads; ++h) {
-    float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, lp0, lp1);
+    float m = warp_v_scale_max(table, indptr, v_descale, b, table_stride, num_heads, h, lp0, lp1, tid, GATHER_THREADS);
     if (lane_id() == 0) s_red[tid / ATOM_WARP_SIZE] = m;
     sync_block();
     if (tid == 0) {
