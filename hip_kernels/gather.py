@@ -85,9 +85,10 @@ def variants() -> list[Variant]:
 #             holds keys 4q..4q+3 and 16+4q..16+4q+3 of each 32 as its K-bytes 8q..8q+7.
 FP8_ALIGN = 128
 # Per-page packs: requests of at most this many pages take their V reference (largest V scale) inside
-# the gather, every 128-row block reading all of its request's pages (4096: 16 loads a thread); longer
-# ones a pre-pass that reads each page once (atom_fp8_v_ref).
-FP8_INLINE_REF_PAGES = 4096
+# the gather, every 128-row block reading all of its request's pages with half of its threads while the
+# other half resolves its rows (2048: 16 loads a thread); longer ones a pre-pass that reads each page
+# once (atom_fp8_v_ref).
+FP8_INLINE_REF_PAGES = 2048
 FP8_KEY_ORDERS = {
     "nvidia": tuple(16 * (p >> 4) + 2 * ((p >> 2) & 3) + (p & 1) + 8 * ((p >> 1) & 1) for p in range(32)),
     "mfma": tuple(4 * (p >> 3) + (p & 3) + 16 * ((p >> 2) & 1) for p in range(32)),

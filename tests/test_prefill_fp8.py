@@ -529,14 +529,46 @@ def test_fp8_prefill_large_k_scales(per_page, body):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 1])
 def test_fp8_prefill_v_scales_far_apart(page_size, body):
-    """Per page: V scales 2^-10 of their neighbours' on some pages and 0 on one, in one request: P times a
-    V factor far under 1 (e4m3 subnormals) where l must still count every key's P, also where V is zero."""
+    """Per page: V scales 2^-10 of the others' on four pages in five (P times a V factor far under 1:
+    e4m3 subnormals, O's terms tiny) and 0 on one, in one request. Those keys carry most of the
+    softmax's mass, so l must count their P (a sum that left them out would be off several times)."""
     def edit(kc, table, seqs_k, scales):
         pages = table[0, : -(-seqs_k[0] // page_size)].long()
-        scales["v_descale"][pages[3::37]] *= 2.0 ** -10
-        scales["v_descale"][pages[5]] = 0.0
+        keep = torch.zeros(len(pages), dtype=torch.bool)
+        keep[::5] = True
+        scales["v_descale"][pages[~keep.to(pages.device)]] *= 2.0 ** -10
+        scales["v_descale"][pages[6]] = 0.0
 
     _fp8_attention_case([(300, 1500), (64, 700)], 8, 2, {}, page_size=page_size, cache_edit=edit)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
+    """Per page: K scales 2^-10 of the others' on some pages and 0 on one, inside 128-key tiles (per 16 keys:
+    group factors far under 1 and one that f16 rounds to zero, whose masked keys must stay -inf, not NaN);
+    and a request whose every logit is about -20 (keys along u, queries along -u), where the per-16-key
+    tile's bound of the row max (0 for a negative max) sends every tile to the exact max."""
+    d = 128
+    u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5
+    seqs = [(300, 1500), (64, 700)]
+
+    def edit(kc, table, seqs_k, scales):
+        pages = table[0, : -(-seqs_k[0] // page_size)].long()
+        scales["k_descale"][pages[3::7]] *= 2.0 ** -10
+        scales["k_descale"][pages[4]] = 0.0
+        g = torch.Generator().manual_seed(9)
+        n = seqs_k[1]
+        j = torch.arange(n)
+        pg, slots = table[1, j // page_size].cpu().long(), j % page_size
+        k = 5.0 * u + 0.05 * torch.randn(n, kc.shape[2], d, generator=g)
+        kc[pg.to(DEV), slots.to(DEV)] = (k / scales["k_descale"].cpu()[pg][:, :, None]).to(kc.dtype).to(DEV)
+
+    def q_edit(q):  # request 1's rows along -u: logits -4 * 5 = -20
+        q[seqs[0][0]:] = (-4.0 * d ** 0.5 * u + 0.05 * torch.randn(q[seqs[0][0]:].shape,
+                                                                     generator=torch.Generator().manual_seed(5))).to(q.dtype)
+
+    _fp8_attention_case(seqs, 8, 2, {}, page_size=page_size, cache_edit=edit, q_edit=q_edit)
 
 
 @pytest.mark.gpu

@@ -204,7 +204,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   const int tid = (int)tid_x();
 #if GATHER_SCALE == 2
   __shared__ float s_ks[FP8_ROWS], s_vs[FP8_ROWS];  // the rows' K and V scales (0: padding)
-  __shared__ float s_ref[GATHER_THREADS / ATOM_WARP_SIZE];
+  __shared__ float s_ref[(GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE];
   __shared__ i32 s_seq;  // the block's request
 #endif
   // The first half of the block resolves its rows' pages (and reads their scales); the second half
