@@ -97,13 +97,12 @@ def main(argv=None):
 
     from atom_backend.kernels import tuning
     from bench import prefill as bp
-    from bench.common import bench_ms, device_name
+    from bench.common import bench_ms, device_name, hopper_tables
     from hip_kernels import prefill
     from hip_kernels.runtime import KernelCompileError
 
     tuning.apply(prefill._default_arch())  # the tiles a serving process uses
-    tables = (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS,
-              prefill.FP8_KEY_CONFIGS)
+    tables = hopper_tables()
     declared = [dict(t) for t in tables]
     base = base_source(args.base)
     if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):

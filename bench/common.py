@@ -11,6 +11,15 @@ import functools
 import torch
 
 
+def hopper_tables() -> tuple:
+    """The Hopper prefill's tile tables (16-bit, window, FP8 per page / per tensor / per key) that a
+    bench may rebuild with extra defines; it restores them (dict(t) copies) when it is done."""
+    from hip_kernels import prefill
+
+    return (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS,
+            prefill.FP8_KEY_CONFIGS)
+
+
 def bench_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median time of fn() in milliseconds (device events; triton's do_bench when present)."""
     try:

@@ -71,6 +71,7 @@
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
 // ROWSUM_MMA (0|1, default 0): per-tensor FP8's row sums by the tensor cores (below).
+// UNIT_PROFILE (0|1, default 0): clock64 per segment of the consumers' unit loop into lse (bench.unit_profile).
 // O_PROMOTE (tiles, default 0: off): FP8 O's sums in fp32 shared memory, restarted in the tensor
 // cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
 // S_F16 (0|1): f16 scores for FP8 per tensor / per 16 keys with 128-key tiles (below).
@@ -297,6 +298,12 @@ constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumer
 #ifndef UNIT_SLOTS
 #define UNIT_SLOTS 2
 #endif
+#ifndef UNIT_PROFILE
+#define UNIT_PROFILE 0
+#endif
+// UNIT_PROFILE: the segments of a unit (bench/unit_profile.py reads them in this order), the unit and
+// tile counts, and a flag that the warpgroup's row is written.
+enum prof_seg { P_TAKE, P_Q, P_K0, P_TURN, P_S0, P_TILES, P_EPI, P_UNITS, P_ITERS, P_END, P_ROW = 15 };
 constexpr int USLOTS = UNIT_SLOTS;  // units claimed ahead of the consumers
 // mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
 static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
@@ -534,11 +541,29 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #endif
     // Per-tensor FP8 scales: K's joins the softmax scale, V's the epilogue's.
     const float k_scale = KV_FP8 == 1 ? kv_scale[0] : 1.f, v_scale = KV_FP8 == 1 ? kv_scale[1] : 1.f;
+#if UNIT_PROFILE
+    // The cycles since the last mark, added to segment seg of this warpgroup's row of lse (as
+    // [CTA][warpgroup][16] u64; lse's values are not written) by its first thread: a reduction, no wait.
+    u64* const prof = reinterpret_cast<u64*>(lse) + ((i64)bid_x() * NWG + grp) * 16;
+    auto now = []() { u64 t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory"); return t; };
+    u64 prof_t = now();
+    auto prof_add = [&](int seg, u64 v) { if (tid_x() % 128 == 0) atomicAdd(prof + seg, v); };
+    auto mark = [&](int seg) {
+      const u64 t = now();
+      prof_add(seg, t - prof_t);
+      prof_t = t;
+    };
+#else
+    auto prof_add = [](int, u64) {};
+    auto mark = [](int) {};
+#endif
 
     for (;; ++un) {
+      mark(P_EPI);  // the last unit's epilogue, to here
       const unit u = take_unit(un);
       mma::warp_sync();  // every lane has read the slot
       if (releaser) release_unit(un);
+      mark(P_TAKE);
       if (!u.live) break;
       const kv_walk kw(u.sq, u.sk, u.m0, u.rows, BN, causal, W, S);
       const int off = u.sk - u.sq;
@@ -1089,6 +1114,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) a_row[s] *= sQsc[64 * grp + 16 * warp + acc_t::slot_row(s)] * k_scale;
       }
+      mark(P_Q);
+      prof_add(P_UNITS, 1);
+      prof_add(P_ITERS, (u64)n_iter);
 #pragma unroll
       for (int s = 0; s < acc_t::row_slots; ++s) a_eff[s] = kSoftcap ? c_log2 : a_row[s];
       if (n_iter == 0) {
@@ -1096,10 +1124,13 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       } else {
         float alpha[acc_t::row_slots], rs[acc_t::row_slots], vfac;
         wait_k(0);
+        mark(P_K0);
         turn_wait();
+        mark(P_TURN);
         wg::fence();
         issue_s(0);
         turn_pass();
+        mark(P_S0);
         load_groups(0);
         wg::wait<0>();
         if (!kLateFreeK) free_k(0);
@@ -1202,6 +1233,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
       }
       base += n_unit;
+      mark(P_TILES);
       if (idle) continue;  // no row of the request: nothing to store
 
       // Epilogue: normalise (sink in the denominator), lse, O through this warpgroup's rows of sO
@@ -1249,7 +1281,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             if (sinks != nullptr) den += exp2_(sinks[head[s]] * kLog2e - m2);
             inv[s] = (KV_FP8 == 1 ? v_scale : kKeyScales ? v_ref : 1.f) / den;
           }
-          if (lse != nullptr && acc_t::row_leader() && tok[s] < u.sq) lse[(i64)(u.q0 + tok[s]) * hq + head[s]] = lse_v;
+          if (!UNIT_PROFILE && lse != nullptr && acc_t::row_leader() && tok[s] < u.sq) lse[(i64)(u.q0 + tok[s]) * hq + head[s]] = lse_v;
         }
         const int r0 = 64 * grp + 16 * warp;
 #pragma unroll
@@ -1285,6 +1317,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       }
     }
     if (o_issuer) wg::bulk_wait_read<0>();  // shared memory stays until the last store has read it
+    mark(P_END);
+    prof_add(P_ROW, 1);
 #if PINGPONG
     // Consumer 0 skipped the wait of its first round; the last consumer's final pass is
     // consumed here so that every hardware barrier ends balanced.

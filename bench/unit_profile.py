@@ -1,0 +1,110 @@
+"""Where a work unit's time goes in the Hopper prefill kernel, per shape and compute path.
+
+    python -m bench.unit_profile [--only TEXT]
+
+Builds the kernel with UNIT_PROFILE=1: one thread of each consumer warpgroup adds clock64 deltas per
+segment of its unit loop into the lse buffer (its values are then not written; O is). Per unit of a
+warpgroup, in cycles:
+
+    take   the unit's slot from the scheduler ring
+    q      the unit's setup and Q's wait (FP8: Q's quantization to e4m3)
+    k0     K(0)'s wait
+    turn   the ping-pong turn before S(0)
+    s0     S(0)'s issue
+    epi    the epilogue (O, lse), to the next unit's start
+and `tile`, the cycles of one of the unit's rounds (S, softmax, P V), `boundary` (all but the tiles)
+and `share`, the boundary's part of the warpgroup's time. These are one warpgroup's latencies: the
+other warpgroups' MMAs may run under them, so a segment's removal buys at most its share (docs/perf/
+prefill.md, stop 45). Counters are per SM clock; the run is the shape's, once, after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+SEGMENTS = ("take", "q", "k0", "turn", "s0", "tiles", "epi")  # the kernel's prof_seg order
+UNITS, ITERS, END, ROW = 7, 8, 9, 15  # its other slots: units, tiles, the tail after the last unit, row written
+WORDS = 16  # u64 per warpgroup row
+
+
+def summarize(rows: list) -> dict:
+    """Per-unit cycles of each segment, `tile`, `boundary` and `share`, from the kernel's rows
+    ([WORDS] ints each; rows it did not write, flag 0, and warpgroups without units are left out)."""
+    rows = [r for r in rows if r[ROW] and r[UNITS]]
+    if not rows:
+        raise ValueError("no warpgroup row written: was the kernel built with UNIT_PROFILE=1?")
+    units = sum(r[UNITS] for r in rows)
+    out = {s: sum(r[i] for r in rows) / units for i, s in enumerate(SEGMENTS)}
+    iters = sum(r[ITERS] for r in rows)
+    out["tile"] = sum(r[SEGMENTS.index("tiles")] for r in rows) / max(iters, 1)
+    out["tiles_per_unit"] = iters / units
+    out["units_per_wg"] = units / len(rows)
+    out["boundary"] = sum(out[s] for s in SEGMENTS if s != "tiles")
+    out["share"] = out["boundary"] / (out["boundary"] + out["tiles"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
+    args = ap.parse_args()
+
+    import torch
+
+    from atom_backend.kernels import tuning
+    from bench import prefill as bp
+    from bench.common import device_name, hopper_tables
+    from hip_kernels import prefill
+
+    tuning.apply(prefill._default_arch())
+    tables = hopper_tables()
+    declared = [dict(t) for t in tables]
+    for t, d in zip(tables, declared):
+        for hd, cfg in d.items():
+            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 1),))
+    prefill._variant.cache_clear()
+    try:
+        torch.manual_seed(0)
+        # every CTA's warpgroup rows: CTAs per SM x consumer warpgroups <= 3 x 3 (hip_kernels/prefill.py)
+        need = torch.cuda.get_device_properties(0).multi_processor_count * 9 * WORDS * 8
+        print(f"device: {device_name()}; cycles per unit of a warpgroup\n")
+        print("| shape | path | units / WG | tiles / unit | " + " | ".join(s for s in SEGMENTS if s != "tiles")
+              + " | boundary | tile | share |")
+        print("| --- | --- |" + " ---: |" * (len(SEGMENTS) + 5))
+        for label, seqs, hq, hk, d, kw in bp.SHAPES:
+            if args.only and args.only not in label:
+                continue
+            q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
+            okw = dict(kw)
+            if okw.pop("sinks", False):
+                okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+            paths = [("bf16", lambda lse: bp.run_ours(seqs, q, k, v, cu_q, cu_k, lse_out=lse, **okw))]
+            if label in bp.FP8_SHAPES or "softcap" in kw:
+                for per_page, tag in ((True, "fp8 per page"), (False, "fp8 per tensor")):
+                    cache = bp.fp8_paged(k, v, seqs, per_page=per_page)
+                    paths.append((tag, lambda lse, c=cache: bp.run_fp8(seqs, q, c, with_gather=False, lse_out=lse, **kw)))
+            for tag, make_fn in paths:
+                lse = torch.zeros(q.shape[0], hq, dtype=torch.float32, device="cuda")
+                if lse.numel() * 4 < need:
+                    raise SystemExit(f"{label}: lse holds {lse.numel() * 4} bytes, the profile rows {need}")
+                fn = make_fn(lse)
+                fn()  # build, load, warm
+                lse.zero_()
+                fn()
+                torch.cuda.synchronize()
+                words = lse.view(torch.int64).flatten()
+                rows = words[: words.numel() // WORDS * WORDS].view(-1, WORDS).tolist()
+                r = summarize(rows)
+                print(f"| {label} | {tag} | {r['units_per_wg']:.1f} | {r['tiles_per_unit']:.1f} | "
+                      + " | ".join(f"{r[s]:.0f}" for s in SEGMENTS if s != "tiles")
+                      + f" | {r['boundary']:.0f} | {r['tile']:.0f} | {r['share']:.3f} |", flush=True)
+    finally:
+        for t, d in zip(tables, declared):
+            t.clear()
+            t.update(d)
+        prefill._variant.cache_clear()
+
+
+if __name__ == "__main__":
+    main()
