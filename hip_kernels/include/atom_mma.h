@@ -425,6 +425,9 @@ ATOM_DEV u64 desc_bits(const void* smem, u32 lbo_bytes, u32 sbo_bytes, u32 layou
   return (u64)((a >> 4) & 0x3fffu) | ((u64)((lbo_bytes >> 4) & 0x3fffu) << 16) |
          ((u64)((sbo_bytes >> 4) & 0x3fffu) << 32) | ((u64)layout << 62);
 }
+// The descriptor of the operand `bytes` (a multiple of 16) past d's: the 14-bit start-address field
+// takes the offset without a carry out (shared memory lies below 256 KB), so one add on the low word.
+ATOM_DEV u64 desc_add(u64 d, u32 bytes) { return (d & ~0xffffffffull) | (u32)((u32)d + (bytes >> 4)); }
 // K-major operand (rows = M or N, 64 K-columns per panel): 8-row groups 1024 bytes apart; the
 // K offset inside a panel (multiples of 16 elements = 32 bytes) is added to the start address.
 ATOM_DEV u64 desc_k(const u16* panel_row0_col) { return desc_bits(panel_row0_col, 16, 1024); }

@@ -637,9 +637,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       auto issue_s = [&](int it) {  // S = Q K^T of tile it
         const unsigned char* sKs = sK + EB * stage(it) * TILE;
         if constexpr (kFp8) {  // rows of 128 bytes: K steps of 32 bytes inside the swizzle atom
+          // The steps' descriptors by desc_add (one add each, not the address's encoding, between the turns).
+          const u64 dq0 = wg::desc_bits(sQ8 + 64 * grp * D, 16, 1024), dk0 = wg::desc_bits(sKs, 16, 1024);
 #pragma unroll
           for (int kc = 0; kc < D / 32; ++kc) {
-            const u64 dq = wg::desc_bits(sQ8 + 64 * grp * D + kc * 32, 16, 1024), dk = wg::desc_bits(sKs + kc * 32, 16, 1024);
+            const u64 dq = wg::desc_add(dq0, kc * 32), dk = wg::desc_add(dk0, kc * 32);
             if constexpr (kSF16) wg::op8h<kSF16 ? BN : 128>::ss(s16, dq, dk, kc);
             else wg::op8<BN>::ss(sacc, dq, dk, kc);
           }
@@ -658,10 +660,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         const unsigned char* sVs = sV + stage(it) * VSTAGE;
         if constexpr (kFp8) {  // V^T panels [D][VT_PANEL]: K-major, keys in steps of 32 bytes
           const int keep = restart(it) ? 0 : 1;
+          const u64 dv0 = wg::desc_bits(sVs, 16, 8 * VT_PANEL, VT_LAYOUT);
 #pragma unroll
           for (int kk = 0; kk < BN / 32; ++kk) {
-            const u64 db = wg::desc_bits(sVs + 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL, 16, 8 * VT_PANEL,
-                                         VT_LAYOUT);
+            const u64 db = wg::desc_add(dv0, 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL);
             if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db, kk ? 1 : keep);  // D = 128 (FP8)
             else wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
           }
