@@ -133,9 +133,7 @@ def main(argv=None):
             if args.only and args.only not in label:
                 continue
             q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
-            okw = dict(kw)
-            if okw.pop("sinks", False):
-                okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+            okw = bp.kernel_options(kw, hq)
             pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
             runs.append((label, lambda s=seqs, t=(q, k, v, cu_q, cu_k), o=okw: bp.run_ours(s, *t, **o), pairs, d, hq))
             if args.fp8 and (label in bp.FP8_SHAPES or "softcap" in kw):

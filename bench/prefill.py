@@ -49,6 +49,14 @@ def make(seqs, hq, hk, d, dtype=torch.bfloat16, device="cuda"):
     return q, k, v, cu_q, cu_k
 
 
+def kernel_options(kw: dict, hq: int) -> dict:
+    """A shape's kernel options (SHAPES' kw), `sinks: True` made a float32 [hq] tensor."""
+    okw = dict(kw)
+    if okw.pop("sinks", False):
+        okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+    return okw
+
+
 def run_ours(seqs, q, k, v, cu_q, cu_k, *, use_work=True, **kw):
     d = q.shape[2]
     work = None
@@ -341,9 +349,7 @@ def main(argv=None):
         pairs = sum(visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
         print(f"{label}: {sum(a for a, _ in seqs)} q tokens, {pairs / 1e6:.1f}M visible pairs per head", flush=True)
         q, k, v, cu_q, cu_k = make(seqs, hq, hk, d)
-        okw = dict(kw)
-        if okw.pop("sinks", False):
-            okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+        okw = kernel_options(kw, hq)
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
         wg, wgw = prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS

@@ -76,9 +76,7 @@ def main() -> None:
             if args.only and args.only not in label:
                 continue
             q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
-            okw = dict(kw)
-            if okw.pop("sinks", False):
-                okw["sinks"] = torch.randn(hq, dtype=torch.float32, device="cuda")
+            okw = bp.kernel_options(kw, hq)
             paths = [("bf16", lambda lse: bp.run_ours(seqs, q, k, v, cu_q, cu_k, lse_out=lse, **okw))]
             if label in bp.FP8_SHAPES or "softcap" in kw:
                 for per_page, tag in ((True, "fp8 per page"), (False, "fp8 per tensor")):
