@@ -547,7 +547,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     u64* const prof = reinterpret_cast<u64*>(lse) + ((i64)bid_x() * NWG + grp) * 16;
     auto now = []() { u64 t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory"); return t; };
     u64 prof_t = now();
-    auto prof_add = [&](int seg, u64 v) { if (tid_x() % 128 == 0) atomicAdd(prof + seg, v); };
+    auto prof_add = [&](int seg, u64 v) { if (lse != nullptr && tid_x() % 128 == 0) atomicAdd(prof + seg, v); };
     auto mark = [&](int seg) {
       const u64 t = now();
       prof_add(seg, t - prof_t);
@@ -563,8 +563,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       const unit u = take_unit(un);
       mma::warp_sync();  // every lane has read the slot
       if (releaser) release_unit(un);
+      if (!u.live) break;  // the end marker's wait counts to P_END, not to a unit
       mark(P_TAKE);
-      if (!u.live) break;
       const kv_walk kw(u.sq, u.sk, u.m0, u.rows, BN, causal, W, S);
       const int off = u.sk - u.sq;
       // Key positions of this warpgroup's first and last query row, and of this lane's rows.
