@@ -1,6 +1,6 @@
 """Where a work unit's time goes in the Hopper prefill kernel, per shape and compute path.
 
-    python -m bench.unit_profile [--only TEXT]
+    python -m bench.unit_profile [--only TEXT] [--rounds]
 
 Builds the kernel with UNIT_PROFILE=1: one thread of each consumer warpgroup adds clock64 deltas per
 segment of its unit loop into the lse buffer (its values are then not written; O is). Per unit of a
@@ -13,7 +13,18 @@ warpgroup, in cycles:
     s0     S(0)'s issue
     epi    the epilogue (O, lse), to the next unit's start
 and `tile`, the cycles of one of the unit's rounds (S, softmax, P V), `boundary` (all but the tiles)
-and `share`, the boundary's part of the warpgroup's time. These are one warpgroup's latencies: the
+and `share`, the boundary's part of the warpgroup's time. With --rounds (UNIT_PROFILE=2) a second table
+splits a tile, per tile:
+
+    kv      the round's K and V waits
+    rturn   its ping-pong turn
+    issue   its MMAs' issue (S(i), P V(i - 1))
+    swait   S(i)'s wait
+    soft    the softmax (and P's operand with two P buffers)
+    pvwait  P V(i - 1)'s wait
+    rest    O's rescale, P's operand, the promotion
+(tile 0's S wait and softmax count here too). Its seven marks a round slow a tile by about a quarter
+(FP8 per page 4x4k: 2731 -> 3486 cycles): the split says where a round waits, not what it costs. These are one warpgroup's latencies: the
 other warpgroups' MMAs may run under them, so a segment's removal buys at most its share (docs/perf/
 prefill.md, stop 45). Counters are per SM clock; the run is the shape's, once, after a warm-up.
 """
@@ -24,8 +35,9 @@ import argparse
 import dataclasses
 
 SEGMENTS = ("take", "q", "k0", "turn", "s0", "tiles", "epi")  # the kernel's prof_seg order
-UNITS, ITERS, END, ROW = 7, 8, 9, 15  # its other slots: units, tiles, the tail after the last unit, row written
-WORDS = 16  # u64 per warpgroup row
+UNITS, ITERS, END = 7, 8, 9  # its other slots: units, tiles, the tail after the last unit
+ROUND = {"kv": 10, "rturn": 11, "issue": 12, "swait": 13, "soft": 14, "pvwait": 15, "rest": 5}  # a round's parts
+ROW, WORDS = 23, 24  # the row-written flag; u64 per warpgroup row
 
 
 def summarize(rows: list) -> dict:
@@ -37,7 +49,10 @@ def summarize(rows: list) -> dict:
     units = sum(r[UNITS] for r in rows)
     out = {s: sum(r[i] for r in rows) / units for i, s in enumerate(SEGMENTS)}
     iters = sum(r[ITERS] for r in rows)
-    out["tile"] = sum(r[SEGMENTS.index("tiles")] for r in rows) / max(iters, 1)
+    for name, i in ROUND.items():  # UNIT_PROFILE=1: all in `rest`
+        out[name] = sum(r[i] for r in rows) / max(iters, 1)
+    out["tile"] = sum(out[n] for n in ROUND)
+    out["tiles"] = out["tile"] * iters / units
     out["tiles_per_unit"] = iters / units
     out["units_per_wg"] = units / len(rows)
     out["boundary"] = sum(out[s] for s in SEGMENTS if s != "tiles")
@@ -48,6 +63,7 @@ def summarize(rows: list) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
+    ap.add_argument("--rounds", action="store_true", help="also split a tile into its parts (UNIT_PROFILE=2)")
     args = ap.parse_args()
 
     import torch
@@ -62,7 +78,7 @@ def main() -> None:
     declared = [dict(t) for t in tables]
     for t, d in zip(tables, declared):
         for hd, cfg in d.items():
-            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 1),))
+            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 2 if args.rounds else 1),))
     prefill._variant.cache_clear()
     try:
         torch.manual_seed(0)
@@ -72,6 +88,7 @@ def main() -> None:
         print("| shape | path | units / WG | tiles / unit | " + " | ".join(s for s in SEGMENTS if s != "tiles")
               + " | boundary | tile | share |")
         print("| --- | --- |" + " ---: |" * (len(SEGMENTS) + 5))
+        rounds = []
         for label, seqs, hq, hk, d, kw in bp.SHAPES:
             if args.only and args.only not in label:
                 continue
@@ -97,6 +114,12 @@ def main() -> None:
                 print(f"| {label} | {tag} | {r['units_per_wg']:.1f} | {r['tiles_per_unit']:.1f} | "
                       + " | ".join(f"{r[s]:.0f}" for s in SEGMENTS if s != "tiles")
                       + f" | {r['boundary']:.0f} | {r['tile']:.0f} | {r['share']:.3f} |", flush=True)
+                rounds.append(f"| {label} | {tag} | " + " | ".join(f"{r[n]:.0f}" for n in ROUND) + f" | {r['tile']:.0f} |")
+        if args.rounds:
+            print("\ncycles per tile of a warpgroup\n")
+            print("| shape | path | " + " | ".join(ROUND) + " | tile |")
+            print("| --- | --- |" + " ---: |" * (len(ROUND) + 1))
+            print("\n".join(rounds), flush=True)
     finally:
         for t, d in zip(tables, declared):
             t.clear()

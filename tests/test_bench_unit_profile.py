@@ -9,17 +9,23 @@ import pytest
 from bench import unit_profile as up
 
 
-def _row(take, q, k0, turn, s0, tiles, epi, units, iters, written=1):
+def _row(take, q, k0, turn, s0, tiles, epi, units, iters, written=1, parts=(0, 0, 0, 0, 0, 0)):
     r = [0] * up.WORDS
     r[:7] = [take, q, k0, turn, s0, tiles, epi]
     r[up.UNITS], r[up.ITERS], r[up.ROW] = units, iters, written
+    for name, v in zip(("kv", "rturn", "issue", "swait", "soft", "pvwait"), parts):
+        r[up.ROUND[name]] = v
     return r
 
 
 def test_summary_is_per_unit_and_per_tile():
-    rows = [_row(100, 2000, 300, 40, 280, 40000, 2200, 2, 16), _row(300, 2000, 300, 40, 280, 60000, 1800, 2, 24),
+    # a round's parts (K / V waits, turn, issue, S's wait, softmax, P V's wait) and its rest add up to its tiles
+    rows = [_row(100, 2000, 300, 40, 280, 20000, 2200, 2, 16, parts=(1000, 2000, 3000, 4000, 6000, 4000)),
+            _row(300, 2000, 300, 40, 280, 30000, 1800, 2, 24, parts=(2000, 3000, 5000, 6000, 9000, 5000)),
             _row(9, 9, 9, 9, 9, 9, 9, 9, 9, written=0), [0] * up.WORDS]
     r = up.summarize(rows)
+    assert r["soft"] == pytest.approx(15000 / 40) and r["rest"] == pytest.approx(50000 / 40)
+    assert r["swait"] == pytest.approx(10000 / 40) and r["rturn"] == pytest.approx(5000 / 40)
     assert r["take"] == pytest.approx(100) and r["epi"] == pytest.approx(1000) and r["tiles"] == pytest.approx(25000)
     assert r["tile"] == pytest.approx(100000 / 40) and r["tiles_per_unit"] == 10 and r["units_per_wg"] == 2
     assert r["boundary"] == pytest.approx(100 + 1000 + 150 + 20 + 140 + 1000)
@@ -32,7 +38,8 @@ def test_summary_needs_a_written_row():
 
 
 def test_profile_builds_compile_for_sm90a(tmp_path, monkeypatch):
-    """The segments' marks and lse's rows compile in a 16-bit and an FP8 (per page) build."""
+    """The segments' marks and lse's rows compile in a 16-bit and an FP8 (per page) build, and the FP8 one
+    with the rounds' parts (UNIT_PROFILE=2)."""
     from hip_kernels import prefill, runtime
 
     try:
@@ -41,8 +48,16 @@ def test_profile_builds_compile_for_sm90a(tmp_path, monkeypatch):
         pytest.skip("NVRTC not installed")
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    for cfg, mode in ((prefill.WGMMA_CONFIGS[128], 0), (prefill.FP8_CONFIGS[128], prefill.KV_FP8_MODES["per_page16"])):
-        prof = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 1),))
+    for (cfg, mode), level in zip(((prefill.WGMMA_CONFIGS[128], 0), (prefill.FP8_CONFIGS[128], prefill.KV_FP8_MODES["per_page16"]),
+                                   (prefill.FP8_CONFIGS[128], prefill.KV_FP8_MODES["per_page16"])), (1, 1, 2)):
+        prof = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", level),))
         v = prefill._variant(128, 0, False, prof, mode) if mode else prefill._variant(128, 0, False, prof)
-        assert dict(v.defines).get("UNIT_PROFILE") == "1"
+        assert dict(v.defines).get("UNIT_PROFILE") == str(level)
         assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
+
+
+def test_summary_without_round_parts():
+    """UNIT_PROFILE=1 rows hold the tiles whole in `rest`: a tile is their cycles over the tiles."""
+    r = up.summarize([_row(100, 2000, 300, 40, 280, 40000, 2200, 2, 16)])
+    assert r["tile"] == pytest.approx(2500) and r["rest"] == pytest.approx(2500) and r["soft"] == 0
+    assert r["tiles"] == pytest.approx(20000)

@@ -303,7 +303,11 @@ constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumer
 #endif
 // UNIT_PROFILE: the segments of a unit (bench/unit_profile.py reads them in this order), the unit and
 // tile counts, and a flag that the warpgroup's row is written.
-enum prof_seg { P_TAKE, P_Q, P_K0, P_TURN, P_S0, P_TILES, P_EPI, P_UNITS, P_ITERS, P_END, P_ROW = 15 };
+// P_TILES: the tiles (UNIT_PROFILE = 2: their remainder: O's rescale, P's operand, the promotion); R_*
+// (UNIT_PROFILE = 2): a round's K / V waits, its turn, its MMAs' issue, S's wait, the softmax, P V's wait
+// (tile 0's S wait and softmax included).
+enum prof_seg { P_TAKE, P_Q, P_K0, P_TURN, P_S0, P_TILES, P_EPI, P_UNITS, P_ITERS, P_END,
+                R_KV, R_TURN, R_ISSUE, R_SWAIT, R_SOFT, R_PVWAIT, P_ROW = 23, PROF_WORDS };
 constexpr int USLOTS = UNIT_SLOTS;  // units claimed ahead of the consumers
 // mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
 static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
@@ -544,7 +548,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #if UNIT_PROFILE
     // The cycles since the last mark, added to segment seg of this warpgroup's row of lse (as
     // [CTA][warpgroup][16] u64; lse's values are not written) by its first thread: a reduction, no wait.
-    u64* const prof = reinterpret_cast<u64*>(lse) + ((i64)bid_x() * NWG + grp) * 16;
+    u64* const prof = reinterpret_cast<u64*>(lse) + ((i64)bid_x() * NWG + grp) * PROF_WORDS;
     auto now = []() { u64 t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory"); return t; };
     u64 prof_t = now();
     auto prof_add = [&](int seg, u64 v) { if (lse != nullptr && tid_x() % 128 == 0) atomicAdd(prof + seg, v); };
@@ -553,9 +557,12 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       prof_add(seg, t - prof_t);
       prof_t = t;
     };
+    // UNIT_PROFILE = 2: a round's parts too (R_*; the marks cost a tile ~25%: the split is relative)
+    auto rmark = [&](int seg) { if (UNIT_PROFILE >= 2) mark(seg); };
 #else
     auto prof_add = [](int, u64) {};
     auto mark = [](int) {};
+    auto rmark = [](int) {};
 #endif
 
     for (;; ++un) {
@@ -1135,6 +1142,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         mark(P_S0);
         load_groups(0);
         wg::wait<0>();
+        rmark(R_SWAIT);
         if (!kLateFreeK) free_k(0);
         if (!kFp8 && n_iter == 1) free_q();
         if constexpr (kSF16) {
@@ -1145,20 +1153,26 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           if (kLateFreeK) free_k(0);
           to_operand(pf);
         }
+        rmark(R_SOFT);
         finish(alpha, rs, vfac);
+        rmark(P_TILES);
         // Round it: S(it) and O += P(it - 1) V(it - 1) issued, the softmax of tile it under the latter;
         // P(it - 1) in pa, P(it) into pb. Rounds go in pairs so that the buffers alternate by name.
         auto round = [&](int it, op_t (&pa)[NPF], op_t (&pb)[NPF]) {
           wait_k(it);
           wait_v(it - 1);
+          rmark(R_KV);
           turn_wait();
+          rmark(R_TURN);
           wg::fence();
           issue_s(it);
           promote_before(it - 1);
           issue_pv(it - 1, pa);
           turn_pass();
+          rmark(R_ISSUE);
           load_groups(it);
           wg::wait<1>();  // S(it) done; the softmax overlaps O += P V of tile it - 1
+          rmark(R_SWAIT);
           if (!kLateFreeK) free_k(it);  // KV_FP8 = 2: the key scales in K's stage are read by the softmax
           if (!kFp8 && it == n_iter - 1) free_q();
           if constexpr (kSF16) {
@@ -1169,7 +1183,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             if (kLateFreeK) free_k(it);
             if (kTwoP) to_operand(pb);
           }
+          rmark(R_SOFT);
           wg::wait<0>();
+          rmark(R_PVWAIT);
           free_v(it - 1);
           wg::fence_regs(oacc);
           if constexpr (kRowsumMma) wg::fence_regs(lacc);
@@ -1182,14 +1198,18 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           // S_F16: P V(it) restarts next round; its promotion here, before that round's turn, leaves the
           // other warpgroups' MMAs free to issue meanwhile (O holds the tiles before it).
           if (kHalfPart && restart(it)) promote();
+          rmark(P_TILES);
         };
         auto last_pv = [&](op_t (&pa)[NPF]) {
           wait_v(n_iter - 1);
+          rmark(R_KV);
           turn_wait();
+          rmark(R_TURN);
           wg::fence();
           promote_before(n_iter - 1);
           issue_pv(n_iter - 1, pa);
           turn_pass();
+          rmark(R_ISSUE);
         };
         if constexpr (kTwoP) {
           int it = 1;
@@ -1208,6 +1228,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           last_pv(pf);
         }
         wg::wait<0>();
+        rmark(R_PVWAIT);
         free_v(n_iter - 1);
         wg::fence_regs(oacc);
         if constexpr (kRowsumMma) {
