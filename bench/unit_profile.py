@@ -1,6 +1,6 @@
 """Where a work unit's time goes in the Hopper prefill kernel, per shape and compute path.
 
-    python -m bench.unit_profile [--only TEXT] [--rounds]
+    python -m bench.unit_profile [--only TEXT] [--rounds] [--define NAME=VALUE ...]
 
 Builds the kernel with UNIT_PROFILE=1: one thread of each consumer warpgroup adds clock64 deltas per
 segment of its unit loop into the lse buffer (its values are then not written; O is). Per unit of a
@@ -64,12 +64,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--rounds", action="store_true", help="also split a tile into its parts (UNIT_PROFILE=2)")
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the builds (a timing-only switch)")
     args = ap.parse_args()
 
     import torch
 
     from atom_backend.kernels import tuning
     from bench import prefill as bp
+    from bench.ab import _defines
     from bench.common import device_name, hopper_tables
     from hip_kernels import prefill
 
@@ -78,7 +80,8 @@ def main() -> None:
     declared = [dict(t) for t in tables]
     for t, d in zip(tables, declared):
         for hd, cfg in d.items():
-            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 2 if args.rounds else 1),))
+            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 2 if args.rounds else 1),)
+                                        + _defines(args.define))
     prefill._variant.cache_clear()
     try:
         torch.manual_seed(0)

@@ -71,7 +71,10 @@
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
 // ROWSUM_MMA (0|1, default 0): per-tensor FP8's row sums by the tensor cores (below).
-// UNIT_PROFILE (0|1, default 0): clock64 per segment of the consumers' unit loop into lse (bench.unit_profile).
+// UNIT_PROFILE (0|1|2, default 0): clock64 per segment of the consumers' unit loop into lse (bench.unit_profile;
+// 2: a round's parts too).
+// DIAG_ENERGY (0|1|2, default 0; timing only, wrong output): 1 no softmax for S_F16 (P = S), 2 no FP8 MMAs:
+// where an FP8 tile's cycles and energy go (bench.clocks --define).
 // O_PROMOTE (tiles, default 0: off): FP8 O's sums in fp32 shared memory, restarted in the tensor
 // cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
 // S_F16 (0|1): f16 scores for FP8 per tensor / per 16 keys with 128-key tiles (below).
@@ -300,6 +303,9 @@ constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumer
 #endif
 #ifndef UNIT_PROFILE
 #define UNIT_PROFILE 0
+#endif
+#ifndef DIAG_ENERGY
+#define DIAG_ENERGY 0
 #endif
 // UNIT_PROFILE: the segments of a unit (bench/unit_profile.py reads them in this order), the unit and
 // tile counts, and a flag that the warpgroup's row is written.
@@ -649,6 +655,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int kc = 0; kc < D / 32; ++kc) {
             const u64 dq = wg::desc_add(dq0, kc * 32), dk = wg::desc_add(dk0, kc * 32);
+            if (DIAG_ENERGY == 2) continue;  // timing only: no MMA
             if constexpr (kSF16) wg::op8h<kSF16 ? BN : 128>::ss(s16, dq, dk, kc);
             else wg::op8<BN>::ss(sacc, dq, dk, kc);
           }
@@ -672,7 +679,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int kk = 0; kk < BN / 32; ++kk) {
             const u64 db = wg::desc_add(dv0, 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL);
             if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db, kk ? 1 : keep);  // D = 128 (FP8)
-            else wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
+            else if (DIAG_ENERGY != 2) wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
           }
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
@@ -878,6 +885,12 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // 16 nt + {8 + 2q, 9 + 2q} (j >= 2).
       auto softmax16 = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(s16);
+        if (DIAG_ENERGY == 1) {  // timing only: no softmax, P = S
+          vfac = 1.f;
+#pragma unroll
+          for (int sl = 0; sl < 2; ++sl) alpha[sl] = rs[sl] = 1.f;
+          return;
+        }
         const int j0 = kw.tile(it) * BN;
         if constexpr (kSoftcap) {  // S = tanh(S a_row) (times K's group scale), each pair through fp32
 #pragma unroll
