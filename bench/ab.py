@@ -26,6 +26,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from bench.common import parse_defines
+
 SRC_DIR = Path(__file__).resolve().parents[1] / "hip_kernels" / "src"
 KERNEL = "varlen_prefill_hopper.hip"
 
@@ -63,19 +65,9 @@ def parameters(src: str) -> str:
     return " ".join(head[: head.index(")")].split())
 
 
-def _defines(items: list) -> tuple:
-    out = []
-    for it in items:
-        name, _, value = it.partition("=")
-        if not name or not value:
-            raise SystemExit(f"--define {it!r}: NAME=VALUE expected")
-        out.append((name, value))
-    return tuple(out)
-
-
 def _config_fields(text: str | None) -> dict:
     """'num_warps=12,block_n=64' -> {'num_warps': 12, 'block_n': 64} (prefill.Config fields)."""
-    pairs = _defines(text.split(",") if text else [])
+    pairs = parse_defines(text.split(",") if text else [])
     if not all(v.lstrip("-").isdigit() for _, v in pairs):
         raise SystemExit(f"--fp8-config {text!r}: FIELD=INT,... expected")
     return {name: int(v) for name, v in pairs}
@@ -108,7 +100,7 @@ def main(argv=None):
     if parameters(base) != parameters((SRC_DIR / KERNEL).read_text()):
         raise SystemExit(f"the base kernel ({args.base}) takes other parameters than the working tree's")
     variants = {"base": ("_ab_base.hip", ()), "base'": ("_ab_base_again.hip", ()),
-                "work": (KERNEL, _defines(args.define))}
+                "work": (KERNEL, parse_defines(args.define))}
     work_fp8 = _config_fields(args.fp8_config)
     base_fp8 = _config_fields(args.base_fp8_config)
     for n in ("base", "base'"):
@@ -126,7 +118,7 @@ def main(argv=None):
 
     try:
         torch.manual_seed(0)
-        print(f"device: {device_name()}  base {args.base}  work defines {dict(_defines(args.define))}  "
+        print(f"device: {device_name()}  base {args.base}  work defines {dict(parse_defines(args.define))}  "
               f"work FP8 tile {work_fp8 or 'as declared'}  base FP8 tile {base_fp8 or 'as declared'}", flush=True)
         runs = []  # (label, make_fn(), pairs, d, hq)
         for label, seqs, hq, hk, d, kw in bp.SHAPES:

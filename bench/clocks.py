@@ -92,12 +92,11 @@ def main() -> None:
 
     from atom_backend.kernels import tuning
     from bench import prefill as bp
-    from bench.ab import _defines
-    from bench.common import device_name, hopper_tables
+    from bench.common import device_name, hopper_tables, parse_defines
     from hip_kernels import prefill
 
     tuning.apply(prefill._default_arch())
-    extra = _defines(args.define)
+    extra = parse_defines(args.define)
     for t in hopper_tables():
         for hd, cfg in list(t.items()):
             t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra)

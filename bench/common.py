@@ -11,6 +11,17 @@ import functools
 import torch
 
 
+def parse_defines(items: list) -> tuple:
+    """['NAME=VALUE', ...] (a bench's --define) -> (('NAME', 'VALUE'), ...) for a kernel variant's extra defines."""
+    out = []
+    for it in items:
+        name, _, value = it.partition("=")
+        if not name or not value:
+            raise SystemExit(f"--define {it!r}: NAME=VALUE expected")
+        out.append((name, value))
+    return tuple(out)
+
+
 def hopper_tables() -> tuple:
     """The Hopper prefill's tile tables (16-bit, window, FP8 per page / per tensor / per key) that a
     bench may rebuild with extra defines; it restores them (dict(t) copies) when it is done."""

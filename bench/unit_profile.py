@@ -71,8 +71,7 @@ def main() -> None:
 
     from atom_backend.kernels import tuning
     from bench import prefill as bp
-    from bench.ab import _defines
-    from bench.common import device_name, hopper_tables
+    from bench.common import device_name, hopper_tables, parse_defines
     from hip_kernels import prefill
 
     tuning.apply(prefill._default_arch())
@@ -81,7 +80,7 @@ def main() -> None:
     for t, d in zip(tables, declared):
         for hd, cfg in d.items():
             t[hd] = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", 2 if args.rounds else 1),)
-                                        + _defines(args.define))
+                                        + parse_defines(args.define))
     prefill._variant.cache_clear()
     try:
         torch.manual_seed(0)

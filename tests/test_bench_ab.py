@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import ab
+from bench.common import parse_defines
 
 
 def test_every_variant_leads_once_per_cycle_of_rounds():
@@ -30,10 +31,10 @@ def test_summary_leaves_out_a_shape_a_variant_could_not_build():
 
 
 def test_defines_need_name_and_value():
-    assert ab._defines(["UNIT_SLOTS=1", "MAX=4"]) == (("UNIT_SLOTS", "1"), ("MAX", "4"))
+    assert parse_defines(["UNIT_SLOTS=1", "MAX=4"]) == (("UNIT_SLOTS", "1"), ("MAX", "4"))
     for bad in (["UNIT_SLOTS"], ["=1"], ["X="]):
         with pytest.raises(SystemExit):
-            ab._defines(bad)
+            parse_defines(bad)
 
 
 def test_fp8_config_fields_are_integers():
