@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import time
 
-QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active,temperature.gpu"
+# newer drivers name the reasons clocks_event_reasons (the older name is deprecated there)
+REASON_FIELDS = ("clocks_throttle_reasons.active", "clocks_event_reasons.active")
 # NVML's clocksThrottleReasons bits
 REASONS = {0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
            0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks"}
@@ -34,7 +35,7 @@ def reasons(mask: int) -> list:
 
 
 def summarize(lines: list) -> dict:
-    """Medians of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits` sample lines, and every
+    """Medians of `nvidia-smi --query-gpu=<query()> --format=csv,noheader,nounits` sample lines, and every
     throttle reason seen; lines that do not parse (a partial last line, [N/A]) are skipped."""
     clk, pw, temp, mask = [], [], [], 0
     for line in lines:
@@ -55,13 +56,24 @@ def summarize(lines: list) -> dict:
             "reasons": reasons(mask), "samples": len(clk)}
 
 
-def sustained(fn, seconds: float) -> tuple:
+def query() -> str:
+    """The --query-gpu fields: clock, power, throttle reasons (the name this driver takes), temperature."""
+    for field in REASON_FIELDS:
+        q = f"clocks.sm,power.draw,{field},temperature.gpu"
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            return q
+    raise SystemExit(f"nvidia-smi takes none of {REASON_FIELDS}: {r.stdout.strip() or r.stderr.strip()}")
+
+
+def sustained(fn, seconds: float, fields: str) -> tuple:
     """(summary of the samples taken while fn ran, ms per call) over `seconds` of back-to-back calls."""
     import torch
 
     fn()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
                            stdout=subprocess.PIPE, text=True)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0, calls = time.time(), 0
@@ -87,6 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     if shutil.which("nvidia-smi") is None:
         raise SystemExit("bench.clocks needs nvidia-smi")
+    fields = query()
 
     import torch
 
@@ -116,7 +129,7 @@ def main() -> None:
             for per_page, tag in ((True, "fp8 per page"), (False, "fp8 per tensor")):
                 paths.append((tag, bp.run_fp8(seqs, q, bp.fp8_paged(k, v, seqs, per_page=per_page), with_gather=False, **kw)))
         for tag, fn in paths:
-            s, ms = sustained(fn, args.seconds)
+            s, ms = sustained(fn, args.seconds, fields)
             print(f"| {label} | {tag} | {bp.tflops(pairs, d, hq, ms):.1f} | {s['mhz']:.0f} | {s['watts']:.0f} | "
                   f"{s['celsius']:.0f} | {', '.join(s['reasons']) or '-'} |", flush=True)
 

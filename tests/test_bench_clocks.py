@@ -25,3 +25,21 @@ def test_summary_takes_medians_and_every_reason_seen():
 def test_summary_needs_a_sample():
     with pytest.raises(ValueError, match="no nvidia-smi sample"):
         clocks.summarize(["", "clocks.sm [MHz], power.draw [W]"])
+
+
+def test_query_takes_the_reason_field_the_driver_knows(monkeypatch):
+    """Newer drivers name the throttle reasons clocks_event_reasons; the older name fails there."""
+    import subprocess
+
+    class Done:
+        def __init__(self, rc):
+            self.returncode, self.stdout, self.stderr = rc, "", "Field is not a valid field to query."
+
+    def run(cmd, **kw):
+        return Done(0 if any("clocks_event_reasons" in c for c in cmd) else 2)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert clocks.query() == "clocks.sm,power.draw,clocks_event_reasons.active,temperature.gpu"
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: Done(2))
+    with pytest.raises(SystemExit, match="takes none of"):
+        clocks.query()
