@@ -2,7 +2,7 @@
 
     python -m bench.unit_profile [--only TEXT] [--rounds] [--define NAME=VALUE ...]
 
-Builds the kernel with UNIT_PROFILE=1: one thread of each consumer warpgroup adds clock64 deltas per
+Builds the kernel with UNIT_PROFILE=1 (2 with --rounds): one thread of each consumer warpgroup adds clock64 deltas per
 segment of its unit loop into the lse buffer (its values are then not written; O is). Per unit of a
 warpgroup, in cycles:
 
@@ -24,9 +24,10 @@ splits a tile, per tile:
     pvwait  P V(i - 1)'s wait
     rest    O's rescale, P's operand, the promotion
 (tile 0's S wait and softmax count here too). Its seven marks a round slow a tile by about a quarter
-(FP8 per page 4x4k: 2731 -> 3486 cycles): the split says where a round waits, not what it costs. These are one warpgroup's latencies: the
-other warpgroups' MMAs may run under them, so a segment's removal buys at most its share (docs/perf/
-prefill.md, stop 45). Counters are per SM clock; the run is the shape's, once, after a warm-up.
+(FP8 per page 4x4k: 2731 -> 3486 cycles): the split says where a round waits, not what it costs.
+These are one warpgroup's latencies: the other warpgroups' MMAs may run under them, so a segment's
+removal buys at most its share (docs/perf/prefill.md, stop 45). Counters are per SM clock; the run is
+the shape's, once, after a warm-up. --define adds a timing-only switch to the builds (DIAG_ENERGY).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import dataclasses
 SEGMENTS = ("take", "q", "k0", "turn", "s0", "tiles", "epi")  # the kernel's prof_seg order
 UNITS, ITERS, END = 7, 8, 9  # its other slots: units, tiles, the tail after the last unit
 ROUND = {"kv": 10, "rturn": 11, "issue": 12, "swait": 13, "soft": 14, "pvwait": 15, "rest": 5}  # a round's parts
-ROW, WORDS = 23, 24  # the row-written flag; u64 per warpgroup row
+ROW, WORDS = 23, 24  # the row-written flag; u64 per warpgroup row (the kernel's P_ROW, PROF_WORDS)
 
 
 def summarize(rows: list) -> dict:

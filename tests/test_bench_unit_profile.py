@@ -48,8 +48,9 @@ def test_profile_builds_compile_for_sm90a(tmp_path, monkeypatch):
         pytest.skip("NVRTC not installed")
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    for (cfg, mode), level in zip(((prefill.WGMMA_CONFIGS[128], 0), (prefill.FP8_CONFIGS[128], prefill.KV_FP8_MODES["per_page16"]),
-                                   (prefill.FP8_CONFIGS[128], prefill.KV_FP8_MODES["per_page16"])), (1, 1, 2)):
+    per_page = prefill.KV_FP8_MODES["per_page16"]
+    for cfg, mode, level in ((prefill.WGMMA_CONFIGS[128], 0, 1), (prefill.FP8_CONFIGS[128], per_page, 1),
+                             (prefill.FP8_CONFIGS[128], per_page, 2)):
         prof = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", level),))
         v = prefill._variant(128, 0, False, prof, mode) if mode else prefill._variant(128, 0, False, prof)
         assert dict(v.defines).get("UNIT_PROFILE") == str(level)
@@ -61,3 +62,21 @@ def test_summary_without_round_parts():
     r = up.summarize([_row(100, 2000, 300, 40, 280, 40000, 2200, 2, 16)])
     assert r["tile"] == pytest.approx(2500) and r["rest"] == pytest.approx(2500) and r["soft"] == 0
     assert r["tiles"] == pytest.approx(20000)
+
+
+def test_energy_diagnostic_builds_compile_for_sm90a(tmp_path, monkeypatch):
+    """DIAG_ENERGY's FP8 builds (no softmax; no MMAs: bench.clocks / bench.unit_profile --define) compile."""
+    from hip_kernels import prefill, runtime
+
+    try:
+        runtime.toolchain_for("sm_90a")
+    except runtime.ToolchainMissingError:
+        pytest.skip("NVRTC not installed")
+    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
+    cfg = prefill.FP8_CONFIGS[128]
+    for level in (1, 2):
+        diag = dataclasses.replace(cfg, extra=cfg.extra + (("DIAG_ENERGY", level),))
+        v = prefill._variant(128, 0, False, diag, prefill.KV_FP8_MODES["per_page16"])
+        assert dict(v.defines).get("DIAG_ENERGY") == str(level)
+        assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"

@@ -553,7 +553,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     const float k_scale = KV_FP8 == 1 ? kv_scale[0] : 1.f, v_scale = KV_FP8 == 1 ? kv_scale[1] : 1.f;
 #if UNIT_PROFILE
     // The cycles since the last mark, added to segment seg of this warpgroup's row of lse (as
-    // [CTA][warpgroup][16] u64; lse's values are not written) by its first thread: a reduction, no wait.
+    // [CTA][warpgroup][PROF_WORDS] u64; lse's values are not written) by its first thread: a reduction, no wait.
     u64* const prof = reinterpret_cast<u64*>(lse) + ((i64)bid_x() * NWG + grp) * PROF_WORDS;
     auto now = []() { u64 t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory"); return t; };
     u64 prof_t = now();
@@ -678,8 +678,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 #pragma unroll
           for (int kk = 0; kk < BN / 32; ++kk) {
             const u64 db = wg::desc_add(dv0, 32 * kk / VT_PANEL * VT_PANEL * VROWS + 32 * kk % VT_PANEL);
+            if (DIAG_ENERGY == 2) continue;  // timing only: no MMA
             if constexpr (kRowsumMma) wg::op8<128>::rs_sum(oacc, lacc, pa[kk], db, kk ? 1 : keep);  // D = 128 (FP8)
-            else if (DIAG_ENERGY != 2) wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
+            else wg::op8<D>::rs(oacc, pa[kk], db, kk ? 1 : keep);
           }
         } else {
           const u16* v16 = reinterpret_cast<const u16*>(sVs);
