@@ -37,9 +37,12 @@ def test_summary_needs_a_written_row():
         up.summarize([[0] * up.WORDS])
 
 
-def test_profile_builds_compile_for_sm90a(tmp_path, monkeypatch):
-    """The segments' marks and lse's rows compile in a 16-bit and an FP8 (per page) build, and the FP8 one
-    with the rounds' parts (UNIT_PROFILE=2)."""
+@pytest.mark.parametrize("fp8,define", [(False, ("UNIT_PROFILE", 1)), (True, ("UNIT_PROFILE", 1)),
+                                         (True, ("UNIT_PROFILE", 2)), (True, ("DIAG_ENERGY", 1)),
+                                         (True, ("DIAG_ENERGY", 2))])
+def test_bench_builds_compile_for_sm90a(fp8, define, tmp_path, monkeypatch):
+    """The benches' build switches compile with NVRTC sm_90a: the unit profile (segments; UNIT_PROFILE=2 a
+    round's parts too) in a 16-bit and an FP8 per-page build, DIAG_ENERGY's FP8 builds (no softmax; no MMAs)."""
     from hip_kernels import prefill, runtime
 
     try:
@@ -48,13 +51,12 @@ def test_profile_builds_compile_for_sm90a(tmp_path, monkeypatch):
         pytest.skip("NVRTC not installed")
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    per_page = prefill.KV_FP8_MODES["per_page16"]
-    for cfg, mode, level in ((prefill.WGMMA_CONFIGS[128], 0, 1), (prefill.FP8_CONFIGS[128], per_page, 1),
-                             (prefill.FP8_CONFIGS[128], per_page, 2)):
-        prof = dataclasses.replace(cfg, extra=cfg.extra + (("UNIT_PROFILE", level),))
-        v = prefill._variant(128, 0, False, prof, mode) if mode else prefill._variant(128, 0, False, prof)
-        assert dict(v.defines).get("UNIT_PROFILE") == str(level)
-        assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
+    cfg = prefill.FP8_CONFIGS[128] if fp8 else prefill.WGMMA_CONFIGS[128]
+    cfg = dataclasses.replace(cfg, extra=cfg.extra + (define,))
+    v = (prefill._variant(128, 0, False, cfg, prefill.KV_FP8_MODES["per_page16"]) if fp8
+         else prefill._variant(128, 0, False, cfg))
+    assert dict(v.defines).get(define[0]) == str(define[1])
+    assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
 
 
 def test_summary_without_round_parts():
@@ -62,21 +64,3 @@ def test_summary_without_round_parts():
     r = up.summarize([_row(100, 2000, 300, 40, 280, 40000, 2200, 2, 16)])
     assert r["tile"] == pytest.approx(2500) and r["rest"] == pytest.approx(2500) and r["soft"] == 0
     assert r["tiles"] == pytest.approx(20000)
-
-
-def test_energy_diagnostic_builds_compile_for_sm90a(tmp_path, monkeypatch):
-    """DIAG_ENERGY's FP8 builds (no softmax; no MMAs: bench.clocks / bench.unit_profile --define) compile."""
-    from hip_kernels import prefill, runtime
-
-    try:
-        runtime.toolchain_for("sm_90a")
-    except runtime.ToolchainMissingError:
-        pytest.skip("NVRTC not installed")
-    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    cfg = prefill.FP8_CONFIGS[128]
-    for level in (1, 2):
-        diag = dataclasses.replace(cfg, extra=cfg.extra + (("DIAG_ENERGY", level),))
-        v = prefill._variant(128, 0, False, diag, prefill.KV_FP8_MODES["per_page16"])
-        assert dict(v.defines).get("DIAG_ENERGY") == str(level)
-        assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
