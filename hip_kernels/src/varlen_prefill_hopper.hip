@@ -78,6 +78,7 @@
 // O_PROMOTE (tiles, default 0: off): FP8 O's sums in fp32 shared memory, restarted in the tensor
 // cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
 // S_F16 (0|1): f16 scores for FP8 per tensor / per 16 keys with 128-key tiles (below).
+// EXP_SHIFT (0|1, default 1): S_F16's exp2 by shifting bits on the integer pipe, not the MUFU (below).
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -115,6 +116,9 @@
 #endif
 #ifndef S_F16
 #define S_F16 0
+#endif
+#ifndef EXP_SHIFT
+#define EXP_SHIFT 1
 #endif
 #ifndef LOCAL_MAX_CHECK
 #define LOCAL_MAX_CHECK 1
@@ -202,6 +206,23 @@ constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
 constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128 && !kRowsumMma;
 static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
+// S_F16, EXP_SHIFT: P = 2^x without the MUFU (Hopper splits an f16x2 exp2 into two MUFU.EX2.F16
+// and a PRMT; the MUFU is ~half busy on an FP8 round and each exp2 a long-latency step of the
+// softmax's chain). With F fraction bits, the argument's HFMA2 gives t = 2^F x + B instead of x, with
+// t in [2^(F+5), 2^(F+6)) for x in [-15, 17), where f16's mantissa holds k = 2^F (x + 15) in its top
+// 5 + F bits (the HFMA2 rounds it once; the bits below are dropped): shifted left by 5, k's bits are an
+// f16's exponent and top F mantissa bits, 2^n (1 + j / 2^F) for x = n + j / 2^F + ... (docs/fp8.md).
+// x < -15 (t clamped at 2^(F+5), masked keys too) gives 0. The same issue slots as the MUFU form
+// (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). Per tensor F = 3: P lies on e4m3's grid,
+// the one rounding of P (rel -7.3%..+7.2%, rms 0.032 against e4m3 rounding's 5.9% / 0.026). Per 16
+// keys P is multiplied by V's factors and rounded to e4m3 after: F = 5 leaves the line's own error
+// (1 + j / 32 against 2^(j / 32 + ...): 0..+6.1%, centred by B's -2: 2^(-1/16)) under that rounding.
+constexpr bool kExpShift = kSF16 && EXP_SHIFT;
+constexpr int kShiftFrac = kGroupScales ? 5 : 3;
+constexpr float kShiftScale = float(1 << kShiftFrac);
+constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
+constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
+constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
 // S_F16 per 16 keys: each group's K scale relative to the tile's largest joins the exp2's multiplier
 // per group, the largest the row's; the row max is bounded on the unscaled S and taken exactly only
 // when a row may move (below).
@@ -217,6 +238,10 @@ ATOM_DEV u32 fma(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;
 ATOM_DEV u32 add(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 mul(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"(a)); return d; }
+// 2^((t - B) / 2^F) per half with F mantissa bits (kExpShift above); 0 below t = 2^(F+5).
+ATOM_DEV u32 exp2_shifted(u32 t) {
+  return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);
+}
 ATOM_DEV float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 ATOM_DEV u32 splat(float x) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(d) : "f"(x)); return d; }
 ATOM_DEV float lo(u32 a) { return f16_to_f32((u16)(a & 0xffffu)); }
@@ -750,8 +775,15 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int s = 0; s < acc_t::row_slots; ++s) {
             const float mx = acc_t::row_max(fmax_(lmax[s], m_run[s]));
             const bool g = m_run[s] == neg_inf() || (mx - m_run[s]) * a_eff[s] > kLazyLog2;
-            const float m_new = g ? mx : m_run[s];
+            float m_new = g ? mx : m_run[s];
             msc[s] = m_new == neg_inf() ? 0.f : m_new * a_eff[s];  // nothing visible yet: exp2 gives 0, not NaN
+            if (kExpShift && g && m_new != neg_inf() && a_eff[s] > 0.f) {
+              // the reference the exp2's f16 addend holds (B - 2^F msc, rounded), so that O's and l's
+              // rescales and lse use the one P was computed with
+              const float t = fmin_(fmax_(kShiftBias - kShiftScale * msc[s], -65504.f), 65504.f);
+              msc[s] = (kShiftBias - h2::lo(h2::splat(t))) / kShiftScale;
+              m_new = msc[s] / a_eff[s];
+            }
             alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
             m_run[s] = m_new;
           }
@@ -956,9 +988,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         auto in_f16 = [](float x) { return fmin_(fmax_(x, -65504.f), 65504.f); };
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
 #pragma unroll
-        for (int sl = 0; sl < 2; ++sl) {
-          nb[sl] = h2::splat(-in_f16(msc[sl]));
-          mul[sl] = h2::splat(in_f16(fmax_(a_eff[sl] * gscale, 5.9604645e-8f)));
+        for (int sl = 0; sl < 2; ++sl) {  // EXP_SHIFT: t = 2^F x + B
+          const float m = fmax_(a_eff[sl] * gscale, 5.9604645e-8f);
+          nb[sl] = h2::splat(kExpShift ? in_f16(kShiftBias - kShiftScale * msc[sl]) : -in_f16(msc[sl]));
+          mul[sl] = h2::splat(in_f16(kExpShift ? kShiftScale * m : m));
         }
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
@@ -972,7 +1005,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const u32 p = h2::exp2(h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], nb[j & 1]));
+            const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], nb[j & 1]);
+            const u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
             sum[j & 1] = h2::add(sum[j & 1], p);
             s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
           }

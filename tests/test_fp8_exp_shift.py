@@ -1,0 +1,92 @@
+"""The Hopper FP8 kernel's exp2 by bit shifts (EXP_SHIFT, f16 scores): a numpy model of its f16x2 steps,
+against the error terms docs/fp8.md states for it, and tied to the kernel's constants."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "hip_kernels" / "src" / "varlen_prefill_hopper.hip"
+
+
+def shift_constants(frac: int) -> dict:
+    """The bias, the clamp (f16 bits), the shift and the mask of `h2::exp2_shifted` with `frac` fraction bits,
+    as the kernel's constexprs compute them (the test below checks that the source still has those lines)."""
+    return {"scale": float(1 << frac), "bias": float((32 << frac) + 15 * (1 << frac) - (2 if frac == 5 else 0)),
+            "clamp": (20 + frac) << 10, "shift": 5, "mask": 0x7C00 | (((1 << frac) - 1) << (10 - frac))}
+
+
+def test_model_matches_kernel_source():
+    src = SRC.read_text()
+    for line in ("constexpr int kShiftFrac = kGroupScales ? 5 : 3;",
+                 "constexpr float kShiftScale = float(1 << kShiftFrac);",
+                 "constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
+                 "constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;",
+                 "constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));",
+                 "return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);"):
+        assert line in src, f"exp2_shifted's constants changed: update this model ({line})"
+
+
+def shifted_exp2(s: np.ndarray, mul: float, nb: np.ndarray, k: dict) -> np.ndarray:
+    """P of the kernel's S_F16 softmax under EXP_SHIFT: t = fma(s, mul, nb) rounded once to f16 (the
+    HFMA2), clamped below (HMNMX2), then shifted and masked as one 32-bit word of two halves."""
+    t = (s.astype(np.float64) * np.float64(np.float16(mul)) + nb.astype(np.float64)).astype(np.float16)
+    bits = t.view(np.uint16).astype(np.uint32)
+    lo, hi = bits[0::2], bits[1::2]
+    clamp = k["clamp"] & 0xFFFF
+    as_f16 = lambda b: b.astype(np.uint16).view(np.float16)
+    lo = np.where(as_f16(lo) < as_f16(np.uint32(clamp)), clamp, lo)  # max.f16x2 (NaN: the other operand)
+    hi = np.where(as_f16(hi) < as_f16(np.uint32(clamp)), clamp, hi)
+    lo = np.where(np.isnan(as_f16(lo)), clamp, lo)
+    hi = np.where(np.isnan(as_f16(hi)), clamp, hi)
+    w = ((lo | (hi << 16)) << k["shift"]) & (k["mask"] * 0x10001) & 0xFFFFFFFF
+    out = np.empty(s.shape, np.float32)
+    out[0::2] = as_f16(w & 0xFFFF)
+    out[1::2] = as_f16(w >> 16)
+    return out
+
+
+def _case(x: np.ndarray, rng, k):
+    """Scores and per-element references such that the kernel's argument is about x (log2 units), and
+    the argument exactly as the f16 addend gives it."""
+    a = 0.127  # the softmax scale of d128 in log2 units
+    s = (rng.normal(0, 1, x.size) * 30).astype(np.float16)
+    msc = (s.astype(np.float64) * a - x).astype(np.float32)
+    nb = (np.float32(k["bias"]) - k["scale"] * msc).astype(np.float16)
+    mul = k["scale"] * a
+    x_eff = (s.astype(np.float64) * np.float64(np.float16(mul)) + nb.astype(np.float64) - k["bias"]) / k["scale"]
+    return s, mul, nb, x_eff
+
+
+@pytest.mark.parametrize("frac,lo,hi,rms", [(3, -0.0731, 0.0723, (0.030, 0.034)), (5, -0.0528, 0.0276, (0.017, 0.021))])
+def test_shifted_exp2_error_and_range(frac, lo, hi, rms):
+    """docs/fp8.md's terms: F = 3 (per tensor) on e4m3's grid, relative error -7.3%..+7.2% (rms 0.032);
+    F = 5 (per 16 keys, rounded to e4m3 after V's factor) -5.3%..+2.8% (rms 0.019); for 2^x >= 2^-13.9
+    (F = 5's 2^(-1/16) makes 2^-14 an f16 subnormal); 0 below x = -15; at most 2^9 for x < 9 (the lazy
+    reference keeps x <= 8)."""
+    k = shift_constants(frac)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-20.0, 8.99, 1 << 18)
+    s, mul, nb, x_eff = _case(x, rng, k)
+    p = shifted_exp2(s, mul, nb, k)
+    ok = x_eff > -13.9
+    rel = p[ok] / np.exp2(x_eff[ok]) - 1
+    assert lo <= rel.min() and rel.max() <= hi
+    assert rms[0] < np.sqrt(np.mean(rel ** 2)) < rms[1]
+    assert abs(rel.mean()) < 0.01
+    assert np.all(p[x_eff < -15.0] == 0)
+    assert np.all(p >= 0) and p.max() <= 512
+    bits = p.astype(np.float16).view(np.uint16)
+    assert np.all(bits & ~np.uint16(k["mask"] | 0x8000) == 0)  # F mantissa bits (F = 3: e4m3's grid)
+
+
+@pytest.mark.parametrize("frac", [3, 5])
+def test_shifted_exp2_masked_and_nan_keys_are_zero(frac):
+    """A masked key's -inf (or a NaN) gives P = 0 in either half, whatever the other half holds."""
+    k = shift_constants(frac)
+    s = np.array([-np.inf, 3.0, 2.0, -np.inf, np.nan, 1.0], np.float16)
+    nb = np.full(s.size, k["bias"], np.float16)
+    p = shifted_exp2(s, 1.0, nb, k)
+    assert p[0] == 0 and p[3] == 0 and p[4] == 0
+    np.testing.assert_allclose(p[[1, 2, 5]], np.exp2(s[[1, 2, 5]].astype(np.float64) / k["scale"]), rtol=0.08)
