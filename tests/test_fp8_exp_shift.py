@@ -90,3 +90,24 @@ def test_shifted_exp2_masked_and_nan_keys_are_zero(frac):
     p = shifted_exp2(s, 1.0, nb, k)
     assert p[0] == 0 and p[3] == 0 and p[4] == 0
     np.testing.assert_allclose(p[[1, 2, 5]], np.exp2(s[[1, 2, 5]].astype(np.float64) / k["scale"]), rtol=0.08)
+
+
+@pytest.mark.parametrize("frac", [3, 5])
+def test_snapped_reference_round_trips(frac):
+    """move_reference's snap: the reference taken as the f16 addend's value (msc = (B - f16(B - 2^F msc)) /
+    2^F), kept as m_run = msc / a, gives the same addend when the next tile rebuilds it from m_run * a
+    (fp32), so P, the rescales and lse use one reference; and the snap moves it by at most half the
+    addend's f16 step (in log2 units), inside the addend's range."""
+    k = shift_constants(frac)
+    rng = np.random.default_rng(11)
+    msc = rng.uniform(-1500.0, 1500.0, 1 << 16).astype(np.float32)
+    a = rng.uniform(0.01, 3.0, msc.size).astype(np.float32)
+    bias, scale = np.float32(k["bias"]), np.float32(k["scale"])
+    addend = (bias - scale * msc).astype(np.float16)
+    snapped = ((bias - addend.astype(np.float32)) / scale).astype(np.float32)
+    m_run = (snapped / a).astype(np.float32)
+    again = (bias - scale * (m_run * a).astype(np.float32)).astype(np.float16)
+    assert np.mean(again == addend) > 0.999
+    step = np.spacing(np.abs(addend).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(again.astype(np.float32) - addend.astype(np.float32)) <= step)
+    assert np.all(np.abs(snapped - msc) <= step / 2 / scale + 1e-6)

@@ -211,8 +211,9 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // softmax's chain). With F fraction bits, the argument's HFMA2 gives t = 2^F x + B instead of x, with
 // t in [2^(F+5), 2^(F+6)) for x in [-15, 17), where f16's mantissa holds k = 2^F (x + 15) in its top
 // 5 + F bits (the HFMA2 rounds it once; the bits below are dropped): shifted left by 5, k's bits are an
-// f16's exponent and top F mantissa bits, 2^n (1 + j / 2^F) for x = n + j / 2^F + ... (docs/fp8.md).
-// x < -15 (t clamped at 2^(F+5), masked keys too) gives 0. The same issue slots as the MUFU form
+// f16's exponent and top F mantissa bits, 2^n (1 + j / 2^F) for x = n + j / 2^F + ... (docs/fp8.md),
+// a finite P for x < 16 (the lazy reference keeps x <= 8 plus the f16 roundings: <= ~10 for logits up
+// to 2000 log2 units). x < -15 (t clamped at 2^(F+5), masked keys and NaN too) gives 0. The same issue slots as the MUFU form
 // (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). Per tensor F = 3: P lies on e4m3's grid,
 // the one rounding of P (rel -7.3%..+7.2%, rms 0.032 against e4m3 rounding's 5.9% / 0.026). Per 16
 // keys P is multiplied by V's factors and rounded to e4m3 after: F = 5 leaves the line's own error
@@ -223,6 +224,7 @@ constexpr float kShiftScale = float(1 << kShiftFrac);
 constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
 constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
 constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
+static_assert(kShiftFrac <= 5, "exp2_shifted: the mask clears what the shift moves from the low half into the high one");
 // S_F16 per 16 keys: each group's K scale relative to the tile's largest joins the exp2's multiplier
 // per group, the largest the row's; the row max is bounded on the unscaled S and taken exactly only
 // when a row may move (below).
