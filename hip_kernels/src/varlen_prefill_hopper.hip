@@ -240,6 +240,10 @@ ATOM_DEV u32 fma(u32 a, u32 b, u32 c) { u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;
 ATOM_DEV u32 add(u32 a, u32 b) { u32 d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 mul(u32 a, u32 b) { u32 d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"(a)); return d; }
+// The low / high half in both (ptxas folds these into the f16x2 instruction's operand selects).
+ATOM_DEV u32 lo_lo(u32 a) { u32 d; asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l};}" : "=r"(d) : "r"(a)); return d; }
+ATOM_DEV u32 hi_hi(u32 a) { u32 d; asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h};}" : "=r"(d) : "r"(a)); return d; }
+ATOM_DEV u32 pair(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d; }
 // 2^((t - B) / 2^F) per half with F mantissa bits (kExpShift above); 0 below t = 2^(F+5).
 ATOM_DEV u32 exp2_shifted(u32 t) {
   return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);
@@ -989,19 +993,26 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
         auto in_f16 = [](float x) { return fmin_(fmax_(x, -65504.f), 65504.f); };
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
+        float mf[2];
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) {  // EXP_SHIFT: t = 2^F x + B
           const float m = fmax_(a_eff[sl] * gscale, 5.9604645e-8f);
           nb[sl] = h2::splat(kExpShift ? in_f16(kShiftBias - kShiftScale * msc[sl]) : -in_f16(msc[sl]));
-          mul[sl] = h2::splat(in_f16(kExpShift ? kShiftScale * m : m));
+          mf[sl] = in_f16(kExpShift ? kShiftScale * m : m);
+          mul[sl] = h2::splat(mf[sl]);
         }
+        // kRelGK: both row slots' multipliers in one pair, so that one HFMA2 a group takes K's factor
+        // into both (the argument's HFMA2 then selects its slot's half): 8 HFMA2 a tile fewer
+        u32 mul_pair = 0u;
+        if constexpr (kRelGK) mul_pair = h2::pair(mf[0], mf[1]);
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
           u32 gv16 = 0u, gmul[2];
           if constexpr (kRelGK) {
             gv16 = grel_at(8 + nt);
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) gmul[sl] = h2::fma(grel_at(nt), mul[sl], kTiny);
+            const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
+            gmul[0] = h2::lo_lo(g);
+            gmul[1] = h2::hi_hi(g);
           } else if constexpr (kGroupScales) {
             gv16 = h2::splat(gv[nt]);
           }
