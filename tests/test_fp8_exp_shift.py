@@ -1,7 +1,6 @@
 """The Hopper FP8 kernel's exp2 by bit shifts (EXP_SHIFT, f16 scores): a numpy model of its f16x2 steps,
 against the error terms docs/fp8.md states for it, and tied to the kernel's constants."""
 
-import re
 from pathlib import Path
 
 import numpy as np

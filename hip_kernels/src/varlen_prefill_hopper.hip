@@ -213,8 +213,8 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // 5 + F bits (the HFMA2 rounds it once; the bits below are dropped): shifted left by 5, k's bits are an
 // f16's exponent and top F mantissa bits, 2^n (1 + j / 2^F) for x = n + j / 2^F + ... (docs/fp8.md),
 // a finite P for x < 16 (the lazy reference keeps x <= 8 plus the f16 roundings: <= ~10 for logits up
-// to 2000 log2 units). x < -15 (t clamped at 2^(F+5), masked keys and NaN too) gives 0. The same issue slots as the MUFU form
-// (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). Per tensor F = 3: P lies on e4m3's grid,
+// to 2000 log2 units). x < -15 (t clamped at 2^(F+5), masked keys and NaN too) gives 0. The same issue
+// slots as the MUFU form (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). Per tensor F = 3: P lies on e4m3's grid,
 // the one rounding of P (rel -7.3%..+7.2%, rms 0.032 against e4m3 rounding's 5.9% / 0.026). Per 16
 // keys P is multiplied by V's factors and rounded to e4m3 after: F = 5 leaves the line's own error
 // (1 + j / 32 against 2^(j / 32 + ...): 0..+6.1%, centred by B's -2: 2^(-1/16)) under that rounding.
@@ -244,6 +244,10 @@ ATOM_DEV u32 exp2(u32 a) { u32 d; asm("ex2.approx.f16x2 %0, %1;" : "=r"(d) : "r"
 ATOM_DEV u32 lo_lo(u32 a) { u32 d; asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l};}" : "=r"(d) : "r"(a)); return d; }
 ATOM_DEV u32 hi_hi(u32 a) { u32 d; asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h};}" : "=r"(d) : "r"(a)); return d; }
 ATOM_DEV u32 pair(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d; }
+// f16's finite range (a multiplier or an addend past it would be inf).
+ATOM_DEV float in_range(float x) { return fmin_(fmax_(x, -65504.f), 65504.f); }
+// EXP_SHIFT's f16 addend B - 2^F msc for the reference msc (log2 units), before its rounding to f16.
+ATOM_DEV float shift_addend(float msc) { return in_range(kShiftBias - kShiftScale * msc); }
 // 2^((t - B) / 2^F) per half with F mantissa bits (kExpShift above); 0 below t = 2^(F+5).
 ATOM_DEV u32 exp2_shifted(u32 t) {
   return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);
@@ -786,8 +790,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             if (kExpShift && g && m_new != neg_inf() && a_eff[s] > 0.f) {
               // the reference the exp2's f16 addend holds (B - 2^F msc, rounded), so that O's and l's
               // rescales and lse use the one P was computed with
-              const float t = fmin_(fmax_(kShiftBias - kShiftScale * msc[s], -65504.f), 65504.f);
-              msc[s] = (kShiftBias - h2::lo(h2::splat(t))) / kShiftScale;
+              msc[s] = (kShiftBias - h2::lo(h2::splat(h2::shift_addend(msc[s])))) / kShiftScale;
               m_new = msc[s] / a_eff[s];
             }
             alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
@@ -991,14 +994,13 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         });
         // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
-        auto in_f16 = [](float x) { return fmin_(fmax_(x, -65504.f), 65504.f); };
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
         float mf[2];
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) {  // EXP_SHIFT: t = 2^F x + B
           const float m = fmax_(a_eff[sl] * gscale, 5.9604645e-8f);
-          nb[sl] = h2::splat(kExpShift ? in_f16(kShiftBias - kShiftScale * msc[sl]) : -in_f16(msc[sl]));
-          mf[sl] = in_f16(kExpShift ? kShiftScale * m : m);
+          nb[sl] = h2::splat(kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]));
+          mf[sl] = h2::in_range(kExpShift ? kShiftScale * m : m);
           mul[sl] = h2::splat(mf[sl]);
         }
         // kRelGK: both row slots' multipliers in one pair, so that one HFMA2 a group takes K's factor
