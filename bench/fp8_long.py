@@ -3,11 +3,11 @@
 The FP8 tensor cores keep ~14 bits when they add into their accumulator, so a sum over many key
 tiles drops its small terms once it is large against them: O's when V has a mean (it then grows
 like l; the Hopper kernel moves O to fp32 every 1024 keys, O_PROMOTE), l's when the tensor cores
-sum P (`ROWSUM_MMA`, per tile: on by default on the f16-score tiles since stop 48). One request per shape, 32/8 heads, d128, causal bottom-right,
-random normal Q and K, V ~ N(offset, 1); FP8 compute (gather_kv_fp8 + the kernel) per page and per
-tensor (scale from the data's largest value), and per tensor on the two-warpgroup fp32-score tile with
-`ROWSUM_MMA` on; next to them,
-16-bit compute over the same per-page cache (the dequantizing gather + the bf16 kernel). The
+sum P (`ROWSUM_MMA`, per tile; on by default on the per-tensor f16-score tile since stop 48). One
+request per shape, 32/8 heads, d128, causal bottom-right, random normal Q and K, V ~ N(offset, 1);
+FP8 compute (gather_kv_fp8 + the kernel) per page and per tensor (scale from the data's largest
+value; the tiles as declared), and per tensor on the two-warpgroup fp32-score tile with `ROWSUM_MMA`
+on; next to them, 16-bit compute over the same per-page cache (the dequantizing gather + the bf16 kernel). The
 reference is float32 attention on the dequantized cache. Prints the relative error and max |err| /
 max |V| of each; the bound of docs/fp8.md is rel 5e-2 (DESIGN.md's 16-bit bound for the last row).
 

@@ -318,8 +318,7 @@ def gather_kv_fp8(
     check_pages: bool = False,
     max_seqlen_k: int | None = None,
 ) -> PackedFp8:
-    """An e4m3 cache's keys in the FP8 prefill's layout (PackedFp8): bytes unchanged, except V's per page
-    with pages of a multiple of 16 keys (`per_page16`), requantized into the request's largest V scale.
+    """An e4m3 cache's keys in the FP8 prefill's layout (PackedFp8), bytes unchanged.
 
     cu_kp: device int32 [n + 1] from fp8_padded_starts (host lengths); total_pad its last entry (a
     host int). Scales as for gather_kv: per tensor (k_scale / v_scale, floats or one-element fp32

@@ -330,37 +330,17 @@ def _f16_halves(words: torch.Tensor):
 def check_group_block(p: gather.PackedFp8):
     """per_page16: K's positions 32..48 of each block hold the Hopper kernel's group block
     (src/fp8_pack.h): each 16-key group's K scale (floored at 1e-30) over the block's largest and its V
-    scale (over v_max: 1, V's bytes being requantized into v_max's unit; 0 for no key), f16 in both halves
-    of a word, then the largest K scale."""
+    scale (over v_max), f16 in both halves of a word, then the largest K scale."""
     sc = p.key_scales.cpu()
     k_heads = sc[:, :, 0, 0:32:4].clamp_min(1e-30)  # key 16 n's scale sits at position 4 n
     v_heads = sc[:, :, 1, 0:32:4]
     kmax = k_heads.amax(-1)
-    assert ((sc[:, :, 1] == 0) | (sc[:, :, 1] == 1)).all()
     block = sc[:, :, 0, 32:49]
     assert torch.equal(block[..., 16], kmax)
     for words, want in ((block[..., :8], k_heads / kmax[..., None]), (block[..., 8:16], v_heads)):
         lo, hi = _f16_halves(words)
         assert torch.equal(lo, hi)
         assert torch.allclose(lo, want.half().float(), rtol=2 ** -10, atol=0)
-
-
-def requantized_v(v_cache, table, seqs_k, v_descale):
-    """gather_kv_fp8's per_page16 V (float32 [sum(seqs_k), H, D]): each key's e4m3 value times its page's V
-    scale over the request's largest (per head), rounded to e4m3 (to nearest even), times that largest;
-    and [sum(seqs_k), H]: the key's page has that largest scale (its bytes pass unchanged)."""
-    ps, out, exact = v_cache.shape[1], [], []
-    for b, n in enumerate(seqs_k):
-        if not n:
-            continue
-        pages = table[b, : -(-n // ps)].long()
-        v8 = v_cache[pages].float().reshape(-1, *v_cache.shape[2:])[:n]  # [n, H, D]
-        s = v_descale[pages].repeat_interleave(ps, dim=0)[:n]  # [n, H]
-        ref = s.amax(0)
-        f = s / torch.where(ref > 0, ref, torch.ones_like(ref))
-        out.append((v8 * f[:, :, None]).to(runtime.native_fp8_dtype(prefill._default_arch())).float() * ref[None, :, None])
-        exact.append(f == 1)
-    return torch.cat(out), torch.cat(exact)
 
 
 @pytest.mark.gpu
@@ -379,12 +359,7 @@ def test_gather_fp8_layout(page_size, per_page, inline_ref, layout):
     want_k, want_v, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
                                         **{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in scales.items()})
     assert torch.equal(got_k, want_k)
-    if p.scale == "per_page16":  # V's bytes requantized into the request's largest V scale
-        want_v, exact = requantized_v(vc.cpu(), table.cpu(), seqs_k, scales["v_descale"].cpu())
-        assert torch.equal(got_v, want_v)
-        assert exact.any() and (~exact).any()  # both kinds of page: at the largest scale and under it
-    else:
-        assert torch.allclose(got_v, want_v, rtol=1e-6, atol=0)  # V scale = (v / max) * max
+    assert torch.allclose(got_v, want_v, rtol=1e-6, atol=0)  # V scale = (v / max) * max
     for pk, pv in pads:  # rows between requests are zero: a NaN byte there would leak through P = 0
         assert not pk.any() and not pv.any()
     if per_page:
@@ -554,9 +529,8 @@ def test_fp8_prefill_large_k_scales(per_page, body):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 1])
 def test_fp8_prefill_v_scales_far_apart(page_size, body):
-    """Per page: V scales 2^-10 of the others' on four pages in five (page 16: V's bytes requantized into
-    the request's largest scale, page 1: P times a V factor far under 1; e4m3 subnormals either way, O's
-    terms tiny) and 0 on one, in one request. Those keys carry most of the
+    """Per page: V scales 2^-10 of the others' on four pages in five (P times a V factor far under 1:
+    e4m3 subnormals, O's terms tiny) and 0 on one, in one request. Those keys carry most of the
     softmax's mass, so l must count their P (a sum that left them out would be off several times)."""
     def edit(kc, table, seqs_k, scales):
         pages = table[0, : -(-seqs_k[0] // page_size)].long()

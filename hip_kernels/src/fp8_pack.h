@@ -10,12 +10,10 @@
 //   scales divided by v_max [H][total_pad / 128] (each block: its request's largest V scale, the
 //   unit of O in the FP8 bodies), key j of a block at fp8_scale_pos(j) (the Hopper kernel's lane
 //   order; the portable body indexes it). Pages of a multiple of 16 keys (per_page16, KV_FP8 = 3):
-//   V's bytes are requantized into v_max's unit (rn(v8 * scale / v_max)), so V's scales read 1 (0
-//   where there is no key, or a zero scale); every body reads a 16-key group's scales at its first
-//   key (position 4 n of each half), and K's positions 32..48 hold the group block (the other
-//   positions keep their keys' scales), the block's factors as the Hopper kernel's f16-score softmax
-//   takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest, words
-//   8..15 each group's V scale (over v_max: 1 or 0), both f16 in both halves of the word; word 16 the
+//   every body reads a 16-key group's scales at its first key (position 4 n of each half), and
+//   K's positions 32..48 hold the group block (the other positions keep their keys' scales), the
+//   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
+//   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
 //   largest K scale (fp32). Ready-made, they take a division and a max tree off the path from S to
 //   the row max.
 #pragma once

@@ -174,18 +174,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 #define FP8_ROWS kFp8Align
 
 #if GATHER_SCALE == 2
-// 16 e4m3 values times f, rounded to e4m3 (to nearest even; f <= 1 cannot saturate).
-ATOM_DEV u32x4 fp8x16_scaled(const u32x4& w, float f) {
-  u32 in[4] = {w.x, w.y, w.z, w.w}, out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float x[4];
-    fp8x4_to_f32x4(in[i], x);
-    out[i] = f32x4_to_fp8x4(x[0] * f, x[1] * f, x[2] * f, x[3] * f);
-  }
-  return u32x4{out[0], out[1], out[2], out[3]};
-}
-
 // The largest V scale of head h over sequence b's logical pages lp0..lp1, `stride` threads (this one
 // the t-th) striding over them; each warp's lanes end with their warp's maximum (0 without a page).
 ATOM_DEV float warp_v_scale_max(const i32* __restrict__ table, const i32* __restrict__ indptr,
@@ -261,21 +249,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 #endif
   sync_block();
-#if GATHER_SCALE == 2
-  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of the head (0: 1).
-  float ref_h = 0.f;
-  if (v_ref != nullptr) {
-    ref_h = v_ref[(i64)s_seq * num_heads + h];
-  } else {
-#pragma unroll
-    for (int w = 0; w < (GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
-  }
-  const float ref = ref_h > 0.f ? ref_h : 1.f;
-  // per_page16 (pages of a multiple of 16 keys, as gather_kv_fp8 names it): V's bytes requantized into
-  // ref's unit (one e4m3 rounding, exact where a page's scale is ref's over a power of two), so that the
-  // FP8 bodies' P carries no V factor and the tensor cores can sum its rows (docs/fp8.md)
-  const bool groups = page_size % 16 == 0;
-#endif
 
   // K and V rows of head h in 16-byte chunks, 4 of each per thread in flight (one round for
   // head_dim 128); K goes out as it is, V through shared memory.
@@ -301,9 +274,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       const u32 it = base + u * GATHER_THREADS, r = it / cph, c = it - r * cph;
       if (it < items) {
         store16_stream(k8 + ((row0 + r) * num_heads + h) * head_dim + (i64)c * 16, kin[u]);
-#if GATHER_SCALE == 2
-        if (groups) vin[u] = fp8x16_scaled(vin[u], s_vs[r] / ref);
-#endif
         store16(s_v + vidx((int)r, 4 * (int)c), vin[u]);
       }
     }
@@ -334,15 +304,24 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 
 #if GATHER_SCALE == 2
-  // Key scales: K's as they are, V's relative to ref (per_page16: 1, or 0 for a zero-scale page or no key).
+  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of the head (0: 1).
+  // Key scales: K's as they are, V's relative to it.
   if (tid < FP8_ROWS) {
+    float ref_h = 0.f;
+    if (v_ref != nullptr) {
+      ref_h = v_ref[(i64)s_seq * num_heads + h];
+    } else {
+#pragma unroll
+      for (int w = 0; w < (GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
+    }
+    const float ref = ref_h > 0.f ? ref_h : 1.f;
     const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
     const int r = tid;
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-    auto v_rel = [&](int key) { return groups ? (s_vs[key] > 0.f ? 1.f : 0.f) : s_vs[key] / ref; };
+    const bool groups = page_size % 16 == 0;  // per_page16 (as gather_kv_fp8 names it): the group block
     const int pos = fp8_scale_pos(r);
     if (!(groups && pos >= kFp8GroupBlock && pos < kFp8GroupBlock + kFp8GroupWords)) dst[pos] = s_ks[r];
-    dst[FP8_ROWS + pos] = v_rel(r);
+    dst[FP8_ROWS + pos] = s_vs[r] / ref;
     if (r == 0) v_max[h * blocks + blk] = ref;
     if (groups && r < FP8_ROWS / 16) {  // group r's ready-made factors (src/fp8_pack.h)
       // group g's K scale, > 0 (a zero-scale page's bytes are zero: -inf * 0 = NaN); padding's is 0
@@ -350,7 +329,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       float kmax = 0.f;
       for (int g = 0; g < FP8_ROWS / 16; ++g) kmax = fmax_(kmax, k_of(g));
       const float kr = k_of(r) / kmax;
-      const float vr = v_rel(16 * r);
+      const float vr = s_vs[16 * r] / ref;
       dst[kFp8GroupBlock + r] = u32_as_f32(pack_f16x2(kr, kr));
       dst[kFp8GroupBlock + 8 + r] = u32_as_f32(pack_f16x2(vr, vr));
       if (r == 0) dst[kFp8GroupBlock + 16] = kmax;

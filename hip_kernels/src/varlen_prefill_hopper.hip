@@ -46,9 +46,7 @@
 //                        KV_FP8 = 3 (pages of a multiple of 16 keys): every 16 keys share their
 //                        scales, so K's joins the exp2's multiplier and the row max is taken per
 //                        16 keys on the unscaled S (no multiply per element: the one on the path
-//                        from S to the max cost 20-30% of the kernel as KV_FP8 = 2); the pack
-//                        holds V requantized into the request's largest V scale, so P carries
-//                        no V factor (and its row sums can come from the tensor cores).
+//                        from S to the max cost 20-30% of the kernel as KV_FP8 = 2).
 //                        O_PROMOTE: the FP8 accumulator adds with ~14 bits, so a unit of
 //                        many keys moves O to fp32 shared memory every O_PROMOTE tiles.
 //                        S_F16 (per tensor, per 16 keys): S in an f16 accumulator (Q quantized
@@ -72,7 +70,7 @@
 // 64 or 32 keys).
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
-// ROWSUM_MMA (0|1, default S_F16): FP8's row sums by the tensor cores, per tensor and per 16 keys (below).
+// ROWSUM_MMA (0|1, default S_F16): per-tensor FP8's row sums by the tensor cores (below).
 // UNIT_PROFILE (0|1|2, default 0): clock64 per segment of the consumers' unit loop into lse (bench.unit_profile;
 // 2: a round's parts too).
 // DIAG_ENERGY (0|1|2, default 0; timing only, wrong output): 1 no softmax for S_F16 (P = S), 2 no FP8 MMAs:
@@ -182,14 +180,14 @@ constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA S_F16
 #endif
-// FP8 per tensor and per 16 keys (ROWSUM_MMA, default on for f16 scores): P's row sums by the tensor
-// cores, not one add per score: P V runs N = D + 8 over V^T panels of D + 8 rows, the last 8 e4m3
-// ones (written once), so 4 more accumulator registers take each tile's row sums of the same e4m3 P
-// as O, added to l in fp32 per tile. Per 16 keys the pack holds V in O's unit (hip_kernels.gather
-// requantizes it), so P carries no V factor there. H100 A/B on the f16-score tile: per tensor
-// 1.01-1.04x; off, the 0.82-0.84x of H200 on the two warpgroups of fp32 scores (ptxas serializes the
-// wgmmas for registers).
-constexpr bool kRowsumMma = ROWSUM_MMA && (KV_FP8 == 1 || KV_FP8 == 3);
+// Per-tensor FP8 (ROWSUM_MMA, default on for f16 scores: 1.01-1.04x on H100; off on the two
+// warpgroups of fp32 scores, 0.82-0.84x on H200, where ptxas serializes the wgmmas for registers):
+// P's row sums by the tensor cores, not one add per score: P V runs N = D + 8 over V^T panels of
+// D + 8 rows, the last 8 e4m3 ones (written once), so 4 more accumulator registers take each
+// tile's row sums of the same e4m3 P as O, added to l in fp32 per tile. Per-page P carries V's
+// scales, so its sums are the adds' (docs/perf/prefill.md stop 48: V requantized into one scale
+// by the gather instead cost accuracy past the bound on long requests).
+constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
 constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
 #ifndef O_PROMOTE
 #define O_PROMOTE 0
@@ -217,13 +215,14 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // f16's exponent and top F mantissa bits, 2^n (1 + j / 2^F) for x = n + j / 2^F + ... (docs/fp8.md),
 // a finite P for x < 16 (the lazy reference keeps x <= 8 plus the f16 roundings: <= ~10 for logits up
 // to 2000 log2 units). x < -15 (t clamped at 2^(F+5), masked keys and NaN too) gives 0. The same issue
-// slots as the MUFU form (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). F = 3: P lies on
-// e4m3's grid, the one rounding of P (rel -7.3%..+7.2%, rms 0.032 against e4m3 rounding's 5.9% /
-// 0.026); per 16 keys too, since the pack holds V in O's unit (no V factor multiplies P).
+// slots as the MUFU form (HFMA2, HMNMX2, SHF, LOP3 against HFMA2, 2 MUFU, PRMT). Per tensor F = 3: P lies on e4m3's grid,
+// the one rounding of P (rel -7.3%..+7.2%, rms 0.032 against e4m3 rounding's 5.9% / 0.026). Per 16
+// keys P is multiplied by V's factors and rounded to e4m3 after: F = 5 leaves the line's own error
+// (1 + j / 32 against 2^(j / 32 + ...): 0..+6.1%, centred by B's -2: 2^(-1/16)) under that rounding.
 constexpr bool kExpShift = kSF16 && EXP_SHIFT;
-constexpr int kShiftFrac = 3;
+constexpr int kShiftFrac = kGroupScales ? 5 : 3;
 constexpr float kShiftScale = float(1 << kShiftFrac);
-constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac));
+constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
 constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
 constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
 static_assert(kShiftFrac <= 5, "exp2_shifted: the mask clears what the shift moves from the low half into the high one");
@@ -748,23 +747,26 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         const int i = (e >> 2) * 2 + (e & 1);
         return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
       };
-      // KV_FP8 = 3: a tile's 16-key group K scales, one broadcast read each, loaded before S is
-      // waited for (V is in O's unit already: the pack's). K's > 0: a zero-scale page's bytes are
-      // zero (the floor keeps -inf * 0 from making a NaN of a masked key).
-      float gk[kGroupScales ? BN / 16 : 1];
-      // kRelGK: the pack's group block (src/fp8_pack.h), two 16-byte reads and a word: K's group factors (f16
-      // pairs), then the block's largest K scale; gk unused.
-      u32x4 grel[kRelGK ? 2 : 1];
+      // KV_FP8 = 3: a tile's 16-key group scales (K's, V's), one broadcast read each, loaded
+      // before S is waited for. K's > 0: a zero-scale page's bytes are zero (the floor keeps
+      // -inf * 0 from making a NaN of a masked key).
+      float gk[kGroupScales ? BN / 16 : 1], gv[kGroupScales ? BN / 16 : 1];
+      // kRelGK: the pack's group block (src/fp8_pack.h), four 16-byte reads and a word: K's group factors, V's (f16
+      // pairs), then the block's largest K scale; gk / gv unused.
+      u32x4 grel[kRelGK ? 4 : 1];
       float gscale_t = 1.f;
       auto load_groups = [&](int it) {
         if constexpr (kRelGK) {
           const float* b = sS + stage(it) * SC_TILE + kFp8GroupBlock;
 #pragma unroll
-          for (int i = 0; i < 2; ++i) grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i);
+          for (int i = 0; i < 4; ++i) grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i);
           gscale_t = fmax_(b[16], 1e-30f);  // the gather floors it already: a zero here would make -inf * 0
         } else if constexpr (kGroupScales) {
 #pragma unroll
-          for (int nt = 0; nt < BN / 16; ++nt) gk[nt] = fmax_(*group_at(it, 0, nt), 1e-30f);
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            gk[nt] = fmax_(*group_at(it, 0, nt), 1e-30f);
+            gv[nt] = *group_at(it, 1, nt);
+          }
         }
       };
       // The row's reference max moves only when the new one exceeds it by more than kLazyLog2 (log2
@@ -905,7 +907,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             const float arg = x * (kGroupK ? a_eff[s] * gk[nt] : a_eff[s]) - msc[s];
             const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
             if constexpr (!kRowsumMma) rs[s] += pv;
-            if constexpr (kKeyScales && !kGroupScales) sacc[nt].x[e] = pv * pick(vr, e);
+            if constexpr (kGroupScales) sacc[nt].x[e] = pv * (gv[nt] * vcn);
+            else if constexpr (kKeyScales) sacc[nt].x[e] = pv * pick(vr, e);
             else sacc[nt].x[e] = pv;
           }
         }
@@ -944,7 +947,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         // tensor: max_j S_j f_j <= gscale max(max_j S_j, 0), a bound of the scaled row max that decides
         // whether a row may move (most tiles: no); only then is the exact max taken (refine).
         float gscale = 1.f;
-        auto grel_at = [&](int w) {  // word w of the group block's K factors (0..7)
+        auto grel_at = [&](int w) {  // word w of the group block's first 16
           const u32x4& v = grel[w / 4];
           return w % 4 == 0 ? v.x : w % 4 == 1 ? v.y : w % 4 == 2 ? v.z : v.w;
         };
@@ -1007,18 +1010,21 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if constexpr (kRelGK) mul_pair = h2::pair(mf[0], mf[1]);
 #pragma unroll
         for (int nt = 0; nt < BN / 16; ++nt) {
-          u32 gmul[2];
+          u32 gv16 = 0u, gmul[2];
           if constexpr (kRelGK) {
+            gv16 = grel_at(8 + nt);
             const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
             gmul[0] = h2::lo_lo(g);
             gmul[1] = h2::hi_hi(g);
+          } else if constexpr (kGroupScales) {
+            gv16 = h2::splat(gv[nt]);
           }
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], nb[j & 1]);
             const u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
             if constexpr (!kRowsumMma) sum[j & 1] = h2::add(sum[j & 1], p);
-            s16[4 * nt + j] = p;
+            s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
           }
         }
 #pragma unroll
