@@ -7,7 +7,10 @@ segment of its unit loop into the lse buffer (its values are then not written; O
 warpgroup, in cycles:
 
     take   the unit's slot from the scheduler ring
-    q      the unit's setup and Q's wait (FP8: Q's quantization to e4m3)
+    setup  the unit's setup (its key walk, its rows' positions), to Q's wait
+    qwait  Q's wait
+    quant  FP8: Q's quantization to e4m3 in shared memory
+    q      the rest of Q's part (FP8: the quantization's barrier, the rows' scales)
     k0     K(0)'s wait
     turn   the ping-pong turn before S(0)
     s0     S(0)'s issue
@@ -36,6 +39,8 @@ import argparse
 import dataclasses
 
 SEGMENTS = ("take", "q", "k0", "turn", "s0", "tiles", "epi")  # the kernel's prof_seg order
+SPLIT = {"setup": 16, "qwait": 17, "quant": 18}  # the parts of a unit's start before `q` (P_SETUP, P_QWAIT, P_QUANT)
+COLUMNS = ("take", "setup", "qwait", "quant", "q", "k0", "turn", "s0", "epi")  # the table's per-unit columns
 UNITS, ITERS, END = 7, 8, 9  # its other slots: units, tiles, the tail after the last unit
 ROUND = {"kv": 10, "rturn": 11, "issue": 12, "swait": 13, "soft": 14, "pvwait": 15, "rest": 5}  # a round's parts
 ROW, WORDS = 23, 24  # the row-written flag; u64 per warpgroup row (the kernel's P_ROW, PROF_WORDS)
@@ -49,6 +54,7 @@ def summarize(rows: list) -> dict:
         raise ValueError("no warpgroup row written: was the kernel built with UNIT_PROFILE=1?")
     units = sum(r[UNITS] for r in rows)
     out = {s: sum(r[i] for r in rows) / units for i, s in enumerate(SEGMENTS)}
+    out.update({s: sum(r[i] for r in rows) / units for s, i in SPLIT.items()})
     iters = sum(r[ITERS] for r in rows)
     for name, i in ROUND.items():  # UNIT_PROFILE=1: all in `rest`
         out[name] = sum(r[i] for r in rows) / max(iters, 1)
@@ -56,7 +62,7 @@ def summarize(rows: list) -> dict:
     out["tiles"] = out["tile"] * iters / units
     out["tiles_per_unit"] = iters / units
     out["units_per_wg"] = units / len(rows)
-    out["boundary"] = sum(out[s] for s in SEGMENTS if s != "tiles")
+    out["boundary"] = sum(out[s] for s in COLUMNS)
     out["share"] = out["boundary"] / (out["boundary"] + out["tiles"])
     return out
 
@@ -88,9 +94,8 @@ def main() -> None:
         # every CTA's warpgroup rows: CTAs per SM x consumer warpgroups <= 3 x 3 (hip_kernels/prefill.py)
         need = torch.cuda.get_device_properties(0).multi_processor_count * 9 * WORDS * 8
         print(f"device: {device_name()}; cycles per unit of a warpgroup\n")
-        print("| shape | path | units / WG | tiles / unit | " + " | ".join(s for s in SEGMENTS if s != "tiles")
-              + " | boundary | tile | share |")
-        print("| --- | --- |" + " ---: |" * (len(SEGMENTS) + 5))
+        print("| shape | path | units / WG | tiles / unit | " + " | ".join(COLUMNS) + " | boundary | tile | share |")
+        print("| --- | --- |" + " ---: |" * (len(COLUMNS) + 5))
         rounds = []
         for label, seqs, hq, hk, d, kw in bp.SHAPES:
             if args.only and args.only not in label:
@@ -115,7 +120,7 @@ def main() -> None:
                 rows = words[: words.numel() // WORDS * WORDS].view(-1, WORDS).tolist()
                 r = summarize(rows)
                 print(f"| {label} | {tag} | {r['units_per_wg']:.1f} | {r['tiles_per_unit']:.1f} | "
-                      + " | ".join(f"{r[s]:.0f}" for s in SEGMENTS if s != "tiles")
+                      + " | ".join(f"{r[s]:.0f}" for s in COLUMNS)
                       + f" | {r['boundary']:.0f} | {r['tile']:.0f} | {r['share']:.3f} |", flush=True)
                 rounds.append(f"| {label} | {tag} | " + " | ".join(f"{r[n]:.0f}" for n in ROUND) + f" | {r['tile']:.0f} |")
         if args.rounds:

@@ -9,9 +9,11 @@ import pytest
 from bench import unit_profile as up
 
 
-def _row(take, q, k0, turn, s0, tiles, epi, units, iters, written=1, parts=(0, 0, 0, 0, 0, 0)):
+def _row(take, q, k0, turn, s0, tiles, epi, units, iters, written=1, parts=(0, 0, 0, 0, 0, 0), start=(0, 0, 0)):
     r = [0] * up.WORDS
     r[:7] = [take, q, k0, turn, s0, tiles, epi]
+    for name, v in zip(("setup", "qwait", "quant"), start):
+        r[up.SPLIT[name]] = v
     r[up.UNITS], r[up.ITERS], r[up.ROW] = units, iters, written
     for name, v in zip(("kv", "rturn", "issue", "swait", "soft", "pvwait"), parts):
         r[up.ROUND[name]] = v
@@ -20,15 +22,19 @@ def _row(take, q, k0, turn, s0, tiles, epi, units, iters, written=1, parts=(0, 0
 
 def test_summary_is_per_unit_and_per_tile():
     # a round's parts (K / V waits, turn, issue, S's wait, softmax, P V's wait) and its rest add up to its tiles
-    rows = [_row(100, 2000, 300, 40, 280, 20000, 2200, 2, 16, parts=(1000, 2000, 3000, 4000, 6000, 4000)),
-            _row(300, 2000, 300, 40, 280, 30000, 1800, 2, 24, parts=(2000, 3000, 5000, 6000, 9000, 5000)),
+    rows = [_row(100, 2000, 300, 40, 280, 20000, 2200, 2, 16, parts=(1000, 2000, 3000, 4000, 6000, 4000),
+                 start=(800, 400, 2000)),
+            _row(300, 2000, 300, 40, 280, 30000, 1800, 2, 24, parts=(2000, 3000, 5000, 6000, 9000, 5000),
+                 start=(1200, 800, 3000)),
             _row(9, 9, 9, 9, 9, 9, 9, 9, 9, written=0), [0] * up.WORDS]
     r = up.summarize(rows)
     assert r["soft"] == pytest.approx(15000 / 40) and r["rest"] == pytest.approx(50000 / 40)
     assert r["swait"] == pytest.approx(10000 / 40) and r["rturn"] == pytest.approx(5000 / 40)
     assert r["take"] == pytest.approx(100) and r["epi"] == pytest.approx(1000) and r["tiles"] == pytest.approx(25000)
     assert r["tile"] == pytest.approx(100000 / 40) and r["tiles_per_unit"] == 10 and r["units_per_wg"] == 2
-    assert r["boundary"] == pytest.approx(100 + 1000 + 150 + 20 + 140 + 1000)
+    # a unit's start: setup, Q's wait, the quantization, then the rest of Q's part
+    assert r["setup"] == pytest.approx(500) and r["qwait"] == pytest.approx(300) and r["quant"] == pytest.approx(1250)
+    assert r["boundary"] == pytest.approx(100 + 500 + 300 + 1250 + 1000 + 150 + 20 + 140 + 1000)
     assert r["share"] == pytest.approx(r["boundary"] / (r["boundary"] + 25000))
 
 

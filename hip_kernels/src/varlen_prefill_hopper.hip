@@ -347,9 +347,10 @@ constexpr int UNIT_INTS = 8;  // a unit as the producer hands it to the consumer
 // tile counts, and a flag that the warpgroup's row is written.
 // P_TILES: the tiles (UNIT_PROFILE = 2: their remainder: O's rescale, P's operand, the promotion); R_*
 // (UNIT_PROFILE = 2): a round's K / V waits, its turn, its MMAs' issue, S's wait, the softmax, P V's wait
-// (tile 0's S wait and softmax included).
+// (tile 0's S wait and softmax included). P_SETUP, P_QWAIT, P_QUANT: the unit's setup before Q's wait, that
+// wait, FP8's quantization of Q (P_Q: the rest of Q's part, the quantization's barrier and row scales).
 enum prof_seg { P_TAKE, P_Q, P_K0, P_TURN, P_S0, P_TILES, P_EPI, P_UNITS, P_ITERS, P_END,
-                R_KV, R_TURN, R_ISSUE, R_SWAIT, R_SOFT, R_PVWAIT, P_ROW = 23, PROF_WORDS };
+                R_KV, R_TURN, R_ISSUE, R_SWAIT, R_SOFT, R_PVWAIT, P_SETUP, P_QWAIT, P_QUANT, P_ROW = 23, PROF_WORDS };
 constexpr int USLOTS = UNIT_SLOTS;  // units claimed ahead of the consumers
 // mbarriers (Q, K ring, V ring, unit ring) and the unit slots, in the host's 512 bytes past the tiles
 static_assert((2 * QST + 4 * NST + 2 * USLOTS) * 8 + USLOTS * UNIT_INTS * 4 <= 512, "barrier area");
@@ -1146,7 +1147,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
       };
 
+      mark(P_SETUP);
       wg::mbar_wait(fullQ + qs, (qn / QST) & 1);
+      mark(P_QWAIT);
       ++qn;
       if (kFp8 && n_iter == 0) free_q();  // no S to issue: the 16-bit stage goes back unread
       if (kFp8 && n_iter > 0) {
@@ -1181,6 +1184,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           store16(sQ8 + r * D + 16 * ((4 * h + j) ^ (r & 7)), u32x4{w[0], w[1], w[2], w[3]});
         }
         if (h == 0) sQsc[r] = qsc;
+        mark(P_QUANT);
         wg::fence_proxy_async();  // the e4m3 tile, visible to wgmma
         wg::bar_sync(epi_bar(grp), 128);
         free_q();
