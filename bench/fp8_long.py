@@ -63,15 +63,16 @@ def main(argv=None) -> None:
                 q, k, v, _, _ = bp.make(seqs, 32, 8, 128)
                 v = (v.float() + off).to(v.dtype)
                 amax = max(k.abs().max().item(), v.abs().max().item())
-                for mode in ("per_page", "per_tensor", "per_tensor ROWSUM_MMA=1", "per_page dequant+bf16"):
+                for mode in ("per_page", "per_tensor", "per_tensor fp32-score tile", "per_page dequant+bf16"):
                     per_page = mode.startswith("per_page")
                     cache = bp.fp8_paged(k, v, seqs, per_page=per_page, tensor_scale=amax / 448)
                     kc, vc, table, _, scales = cache
                     kd, vd = (bp._dequant_torch(c, table, seqs, scales, w) for c, w in ((kc, "k"), (vc, "v")))
-                    extra = (("ROWSUM_MMA", 1),) if "ROWSUM" in mode else ()
                     cfg = base[128]
-                    if "ROWSUM" in mode:  # a switch of the two-warpgroup fp32-score tile (not of f16 scores)
+                    extra = ()
+                    if "fp32" in mode:  # the two-warpgroup fp32-score tile, its row sums by the tensor cores too
                         cfg = dataclasses.replace(cfg, num_warps=8, f16_scores=False)
+                        extra = (("ROWSUM_MMA", 1),)
                     prefill.FP8_TENSOR_CONFIGS[128] = dataclasses.replace(cfg, extra=cfg.extra + extra)
                     prefill._variant.cache_clear()
                     if mode.endswith("bf16"):

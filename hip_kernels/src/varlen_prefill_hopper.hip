@@ -1042,6 +1042,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
       };
       // After O += P V of the previous tile completed: rescale O, update l.
+      // A row's sum l so far (ROWSUM_MMA: every lane holds it; else this lane's part, summed over the row).
+      auto row_l = [&](int s) { return kRowsumMma ? l_run[s] : acc_t::row_sum(l_run[s]); };
       auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
         float of[acc_t::row_slots];
@@ -1102,7 +1104,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           float lam[acc_t::row_slots], inv[acc_t::row_slots];
 #pragma unroll
           for (int sl = 0; sl < acc_t::row_slots; ++sl) {
-            lam[sl] = fmax_(kRowsumMma ? l_run[sl] : acc_t::row_sum(l_run[sl]), 1e-30f);
+            lam[sl] = fmax_(row_l(sl), 1e-30f);
             inv[sl] = h2::rcp(lam[sl]);  // the unit only: lam * inv is 1 within 2^-22
           }
           const u32 r0 = h2::splat(part_f[0] * inv[0]), r1 = h2::splat(part_f[1] * inv[1]);
@@ -1362,7 +1364,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float inv[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          const float l = kRowsumMma ? l_run[s] : acc_t::row_sum(l_run[s]);
+          const float l = row_l(s);
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
