@@ -180,17 +180,14 @@ constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA S_F16
 #endif
-// FP8 on f16 scores (ROWSUM_MMA, default on; off on the two warpgroups of fp32 scores, 0.82-0.84x
-// on H200, where ptxas serializes the wgmmas for registers): P's row sums by the tensor cores, not
-// one add per score: P V runs N = D + 8 over V^T panels of D + 8 rows (written once), so 4 more
-// accumulator registers take each tile's sums of the same e4m3 P as O, added to l in fp32 per tile.
-// Per tensor the 8 rows are e4m3 ones (every column a row's sum). Per 16 keys P carries V's group
-// factors f: row i is 1 at the keys of group i, so column i sums group i's P f, and l adds each
-// column times the group's 1 / f (the pack's fp32 reciprocals of the f16 factors P was multiplied
-// by): lane quad q holds groups 2q, 2q + 1, and l stays a lane's part until the row's shuffles.
-constexpr bool kSF16 = S_F16 && KV_FP8 != 0 && (KV_FP8 == 1 || KV_FP8 == 3) && BLOCK_N == 128;
-constexpr bool kRowsumMma = ROWSUM_MMA && (KV_FP8 == 1 || (KV_FP8 == 3 && kSF16));
-constexpr bool kRowsumGroups = kRowsumMma && KV_FP8 == 3;
+// Per-tensor FP8 (ROWSUM_MMA, default on for f16 scores: 1.01-1.04x on H100; off on the two
+// warpgroups of fp32 scores, 0.82-0.84x on H200, where ptxas serializes the wgmmas for registers):
+// P's row sums by the tensor cores, not one add per score: P V runs N = D + 8 over V^T panels of
+// D + 8 rows, the last 8 e4m3 ones (written once), so 4 more accumulator registers take each
+// tile's row sums of the same e4m3 P as O, added to l in fp32 per tile. Per-page P carries V's
+// scales, so its sums are the adds' (docs/perf/prefill.md stop 48: V requantized into one scale
+// by the gather instead cost accuracy past the bound on long requests).
+constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
 constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
 #ifndef O_PROMOTE
 #define O_PROMOTE 0
@@ -208,6 +205,7 @@ constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // of 128-key tiles fit 160 registers without spills) and the softmax on f16 pairs. Q is quantized
 // to |q| <= 1, so |S| <= D * 448 = 57344 stays inside f16's range for any K bytes; S's f16
 // rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
+constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128;
 static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
 // S_F16, EXP_SHIFT: P = 2^x without the MUFU (Hopper splits an f16x2 exp2 into two MUFU.EX2.F16
 // and a PRMT; the MUFU is ~half busy on an FP8 round and each exp2 a long-latency step of the
@@ -287,7 +285,6 @@ static_assert(!kFp8 || (D == 128 && (BN == 64 || BN == 96 || BN == 128 || BN == 
 // [D][VT_PANEL bytes] of 64 or 32 keys (64- / 32-byte swizzle: wgmma layout 2 / 3, 8-row groups
 // 8 VT_PANEL bytes apart), one TMA box each.
 constexpr int VT_PANEL = BN == 128 ? 128 : BN % 64 == 0 ? 64 : 32;
-static_assert(!kRowsumGroups || VT_PANEL == 128, "ROWSUM_MMA per 16 keys: group i's keys are chunk i of a 128-byte row");
 constexpr u32 VT_LAYOUT = VT_PANEL == 128 ? 1 : VT_PANEL == 64 ? 2 : 3;
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128 || (kFp8 && (BN == 96 || BN == 192)), "Hopper prefill: BLOCK_N 64 or 128 (FP8: or 96, 192)");
@@ -450,14 +447,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     }
     wg::mbar_init_fence();
   }
-  if constexpr (kRowsumMma) {  // every V^T panel's last 8 rows, never overwritten
-    // Per tensor e4m3 ones (0x38); per 16 keys row i has ones at group i's keys: 16-byte chunk i of
-    // the row (the P operand's key order keeps each group's keys in its 16 positions), which the
-    // 128-byte swizzle moves to chunk i ^ (row & 7) = 0.
+  if constexpr (kRowsumMma) {  // every V^T panel's last 8 rows: e4m3 ones (0x38), never overwritten
     constexpr int PANELS = NST * BN / VT_PANEL, WORDS = 8 * VT_PANEL / 4;
     for (int i = (int)tid_x(); i < PANELS * WORDS; i += NTB)
-      reinterpret_cast<u32*>(sV + i / WORDS * VT_PANEL * VROWS + D * VT_PANEL)[i % WORDS] =
-          !kRowsumGroups || i % (VT_PANEL / 4) < 4 ? 0x38383838u : 0u;
+      reinterpret_cast<u32*>(sV + i / WORDS * VT_PANEL * VROWS + D * VT_PANEL)[i % WORDS] = 0x38383838u;
     wg::fence_proxy_async();
   }
   sync_block();
@@ -660,10 +653,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 
       acc_t oacc[D / 16], sacc[BN / 16];
       u32 s16[kSF16 ? BN / 4 : 1];  // S_F16: S as f16x2 pairs
-      // ROWSUM_MMA: P V's 8 extra columns (2 per row slot: the row's sum twice per tensor, groups 2q and
-      // 2q + 1 per 16 keys): one tile's sums, zeroed before each P V and added to l_run in fp32 (FP8
-      // wgmma accumulates with ~14 bits: summed across the tiles of a 64k-key request, l lost most of
-      // its terms).
+      // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal): one tile's row sums, zeroed before
+      // each P V and added to l_run in fp32 (FP8 wgmma accumulates with ~14 bits: summed across the
+      // tiles of a 64k-key request, l lost most of its terms).
       float lacc[4] = {};
       // O_PROMOTE: O = part * part_f + oacc (part: this thread's 64 floats in shared memory, once has_part).
       float part_f[acc_t::row_slots];
@@ -764,14 +756,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // pairs), then the block's largest K scale; gk / gv unused.
       u32x4 grel[kRelGK ? 4 : 1];
       float gscale_t = 1.f;
-      // kRowsumGroups: 1 / f of groups 2q, 2q + 1 (lane quad q): this tile's, and the tile before's (whose
-      // P V's sums finish adds to l)
-      u32 rv_cur = 0u, rv_prev = 0u;  // f16 pairs
       auto load_groups = [&](int it) {
-        if constexpr (kRowsumGroups) {
-          rv_prev = rv_cur;
-          rv_cur = f32_as_u32(sS[stage(it) * SC_TILE + kFp8GroupBlock + kFp8GroupRecip + (int)(lane_id() & 3)]);
-        }
         if constexpr (kRelGK) {
           const float* b = sS + stage(it) * SC_TILE + kFp8GroupBlock;
 #pragma unroll
@@ -1058,17 +1043,13 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       };
       // After O += P V of the previous tile completed: rescale O, update l.
       // A row's sum l so far (ROWSUM_MMA: every lane holds it; else this lane's part, summed over the row).
-      auto row_l = [&](int s) { return kRowsumMma && !kRowsumGroups ? l_run[s] : acc_t::row_sum(l_run[s]); };
-      // kRowsumMma: a finished P V's sums in l's units (per 16 keys: each group's times its 1 / f)
-      auto tile_l = [&](int s, u32 rv) {
-        return kRowsumGroups ? h2::lo(rv) * lacc[2 * s] + h2::hi(rv) * lacc[2 * s + 1] : lacc[2 * s];
-      };
+      auto row_l = [&](int s) { return kRowsumMma ? l_run[s] : acc_t::row_sum(l_run[s]); };
       auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
         float of[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          l_run[s] = kRowsumMma ? (l_run[s] + tile_l(s, rv_prev)) * alpha[s] : l_run[s] * alpha[s] + rs[s];
+          l_run[s] = kRowsumMma ? (l_run[s] + lacc[2 * s]) * alpha[s] : l_run[s] * alpha[s] + rs[s];
           of[s] = alpha[s] * vfac;
           moved |= of[s] != 1.f;
         }
@@ -1323,7 +1304,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if constexpr (kRowsumMma) {
           wg::fence_regs(lacc);
 #pragma unroll
-          for (int s = 0; s < acc_t::row_slots; ++s) l_run[s] += tile_l(s, rv_cur);  // the last tile's
+          for (int s = 0; s < acc_t::row_slots; ++s) l_run[s] += lacc[2 * s];  // the last tile's
         }
         wg::fence_regs(pf);
         if (kTwoP) wg::fence_regs(pg);
