@@ -14,13 +14,8 @@
 //   K's positions 32..48 hold the group block (the other positions keep their keys' scales), the
 //   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
 //   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
-//   largest K scale (fp32); words 24..31 each group's V factor as an exponent, c = 32 log2 f (f16,
-//   both halves: the Hopper kernel's FOLD_V adds it to the exp2's addend), and words 18..21 the
-//   weights 2^(-c / 32) of the groups' row sums (f16; groups 2q and 2q + 1 in word 18 + q: lane quad
-//   q's). Ready-made, they take a division and a max tree off the path from S to the
-//   row max. A group whose V factor is under kFp8VFloor has its V bytes requantized by the gather
-//   to that factor (its values are under 448 kFp8VFloor of O's unit): P times the factor then keeps
-//   e4m3's range, and P's row sums taken from those products keep the group's weight.
+//   largest K scale (fp32). Ready-made, they take a division and a max tree off the path from S to
+//   the row max.
 #pragma once
 
 #include "atom_mma.h"
@@ -29,11 +24,7 @@ namespace atom {
 
 constexpr int kFp8Align = 128;
 constexpr int kFp8GroupBlock = 32;  // per_page16: the group block's first position in K's half
-constexpr int kFp8GroupWords = 32;  // and its words: 8 K factors, 8 V factors, the largest K scale, -, 4 weight pairs, -, 8 V exponents
-constexpr int kFp8GroupRecip = 18;  // the row sums' weights, first word
-constexpr int kFp8GroupFold = 24;   // the V exponents, first word (16-byte aligned)
-constexpr float kFp8FoldScale = 32.f;  // c per log2 unit: 2^F of the per-16-key exp2 by bit shifts
-constexpr float kFp8VFloor = 1.f / 32.f;  // per_page16: the smallest V factor (over v_max) a group keeps
+constexpr int kFp8GroupWords = 17;  // and its words: 8 K factors, 8 V factors, the largest K scale
 
 // The key (0..127) of a kFp8Align block that V^T holds at position p.
 ATOM_DEV int fp8_vt_key(int p) { return 32 * (p >> 5) + mma::fp8_p_key(p & 31); }
