@@ -89,9 +89,9 @@ class Config:
             blocks = 1 if FP8_ALIGN % self.block_n == 0 or self.block_n == FP8_ALIGN else 2
             scales = 4 * self.stages * 2 * FP8_ALIGN * blocks if kv_fp8 >= 2 else 0
             q8 = (head_dim + 4) * self.block_m if kv_fp8 else 0
-            # per tensor: V^T's rows of ones (ROWSUM_MMA), reserved whether or not a build uses them (a
-            # bench.ab base may default to it)
-            ones = 8 * self.stages * self.block_n if kv_fp8 == 1 else 0
+            # per tensor and per 16 keys: V^T's 8 rows of ones / group indicators (ROWSUM_MMA), reserved
+            # whether or not a build uses them (a bench.ab base may default to it)
+            ones = 8 * self.stages * self.block_n if kv_fp8 in (1, 3) else 0
             # O's fp32 partials, with sO (f16 scores: f16 ones inside sO)
             promote = 2 * head_dim * self.block_m if kv_fp8 and self.o_promote and not self.f16_for(kv_fp8) else 0
             return 2 * head_dim * (self.q_stages + 1) * self.block_m + promote + eb * head_dim * 2 * self.stages * self.block_n \

@@ -127,7 +127,7 @@ def unpack(p: gather.PackedFp8, seqs_k):
         sc = p.key_scales.cpu()  # [H, blocks, 2, 128] in lane order
         nat = torch.empty_like(sc)
         nat[..., lane] = sc
-        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..48: the group block)
+        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..53: the group block)
             nat[:, :, 0] = nat[:, :, 0, ::16].repeat_interleave(16, dim=-1)
         kd = nat[:, :, 0, :].reshape(H, -1).t()  # [total, H]
         vd = (nat[:, :, 1, :] * p.v_max.cpu()[:, :, None]).reshape(H, -1).t()
@@ -327,20 +327,45 @@ def _f16_halves(words: torch.Tensor):
     return h[..., 0::2], h[..., 1::2]
 
 
+def check_v_values(p: gather.PackedFp8, got_v, want_v, seqs_k):
+    """The pack's V against the cache's: equal (up to the scales' fp32 rounding), but that per 16 keys a
+    page's bytes carry its scale's power of two under the request's largest (src/fp8_pack.h), which
+    rounds the bytes it moves under e4m3's normals: by at most 2^-10 of that largest scale."""
+    err, tol = (got_v - want_v).abs(), 1e-6 * want_v.abs()
+    if p.scale == "per_page16":
+        cu, vmax = p.cu_kp.cpu().tolist(), p.v_max.cpu()  # [H, blocks]: every block of a request holds its scale
+        at = 0
+        for b, n in enumerate(seqs_k):
+            if n:
+                tol[at: at + n] += 2.0 ** -10 * vmax[:, cu[b] // gather.FP8_ALIGN][None, :, None]
+            at += n
+    assert (err <= tol).all(), (err - tol).max()
+
+
 def check_group_block(p: gather.PackedFp8):
-    """per_page16: K's positions 32..48 of each block hold the Hopper kernel's group block
+    """per_page16: K's positions 32..63 of each block hold the Hopper kernel's group block
     (src/fp8_pack.h): each 16-key group's K scale (floored at 1e-30) over the block's largest and its V
-    scale (over v_max), f16 in both halves of a word, then the largest K scale."""
+    factor f (over v_max, in (1/2, 1]), f16 in both halves of a word, then the largest K scale; the
+    row sums' weights 2^(-c / 32) (f16, groups 2q and 2q + 1 in word 18 + q) and the V exponents
+    c = 32 log2 f (f16, both halves, words 24..31)."""
     sc = p.key_scales.cpu()
     k_heads = sc[:, :, 0, 0:32:4].clamp_min(1e-30)  # key 16 n's scale sits at position 4 n
     v_heads = sc[:, :, 1, 0:32:4]
+    assert ((v_heads > 0.5) & (v_heads <= 1)).all()  # the bytes carry the powers of two (padding's too)
     kmax = k_heads.amax(-1)
-    block = sc[:, :, 0, 32:49]
+    block = sc[:, :, 0, 32:64]
     assert torch.equal(block[..., 16], kmax)
     for words, want in ((block[..., :8], k_heads / kmax[..., None]), (block[..., 8:16], v_heads)):
         lo, hi = _f16_halves(words)
         assert torch.equal(lo, hi)
         assert torch.allclose(lo, want.half().float(), rtol=2 ** -10, atol=0)
+    c_got, c_hi = _f16_halves(block[..., 24:32])
+    assert torch.equal(c_got, c_hi)
+    assert torch.allclose(torch.exp2(c_got / 32), v_heads, rtol=2 ** -10, atol=0)  # f16's rounding of c
+    lo, hi = _f16_halves(block[..., 18:22])
+    weight = torch.exp2(-c_got / 32)  # of the exponents as stored, so that l undoes what P carries
+    assert torch.allclose(lo, weight[..., 0::2], rtol=2 ** -10, atol=0)
+    assert torch.allclose(hi, weight[..., 1::2], rtol=2 ** -10, atol=0)
 
 
 @pytest.mark.gpu
@@ -359,7 +384,7 @@ def test_gather_fp8_layout(page_size, per_page, inline_ref, layout):
     want_k, want_v, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
                                         **{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in scales.items()})
     assert torch.equal(got_k, want_k)
-    assert torch.allclose(got_v, want_v, rtol=1e-6, atol=0)  # V scale = (v / max) * max
+    check_v_values(p, got_v, want_v, seqs_k)
     for pk, pv in pads:  # rows between requests are zero: a NaN byte there would leak through P = 0
         assert not pk.any() and not pv.any()
     if per_page:
@@ -373,6 +398,28 @@ def test_gather_fp8_layout(page_size, per_page, inline_ref, layout):
                 want = vd[tab[b, : -(-n // page_size)]].amax(0)  # [H]
                 got = p.v_max.cpu()[:, cu_kp[b] // gather.FP8_ALIGN: cu_kp[b + 1] // gather.FP8_ALIGN]
                 assert torch.equal(got, want[:, None].expand_as(got)), b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 1024])
+def test_gather_fp8_v_scales_far_under_the_largest(page_size):
+    """per_page16: pages whose V scale is 2^-8 (times 1.3) of the request's largest, or 0, keep a factor
+    in (1/2, 1] (the power of two moved into their bytes) and their values within 2^-10 of that scale."""
+    seqs_k = [3 * page_size + 5, 2 * page_size]
+    hk, d = 2, 128
+    kc, vc, table, scales = fp8_cache(seqs_k, hk, d, page_size, per_page=True)
+    vd = scales["v_descale"]
+    vd[table[0, 1].long()] = vd[table[0, :4].long()].amax(0) * 1.3 * 2.0 ** -8
+    vd[table[0, 2].long(), 0] = 0.0
+    p = pack(kc, vc, table, seqs_k, scales)
+    assert p.scale == "per_page16"
+    check_group_block(p)
+    got_k, got_v, _ = unpack(p, seqs_k)
+    want_k, want_v, _ = ref.gather_vllm(kc.cpu(), vc.cpu(), table.cpu(), torch.tensor(seqs_k),
+                                        **{k: v.cpu() for k, v in scales.items()})
+    assert torch.equal(got_k, want_k)
+    check_v_values(p, got_v, want_v, seqs_k)
+    assert not torch.equal(got_v, want_v)  # the small page's bytes were moved, and some rounded
 
 
 @pytest.mark.gpu
@@ -548,7 +595,9 @@ def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
     """Per page: K scales 2^-10 of the others' on some pages and 0 on one, inside 128-key tiles (per 16 keys:
     group factors far under 1 and one that f16 rounds to zero, whose masked keys must stay -inf, not NaN);
     and a request whose every logit is about -20 (keys along u, queries along -u), where the per-16-key
-    tile's bound of the row max (0 for a negative max) sends every tile to the exact max."""
+    tile's bound of the row max (0 for a negative max) sends every tile to the exact max. That reference
+    (about -29 log2 units) lies past the band where the Hopper kernel folds V's group factors into the
+    exp2's addend (FOLD_V: [-17, 111] log2 units), so those rows' warps multiply P by the factors."""
     d = 128
     u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5
     seqs = [(300, 1500), (64, 700)]

@@ -14,8 +14,14 @@
 //   K's positions 32..48 hold the group block (the other positions keep their keys' scales), the
 //   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
 //   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
-//   largest K scale (fp32). Ready-made, they take a division and a max tree off the path from S to
-//   the row max.
+//   largest K scale (fp32); words 24..31 each group's V factor as an exponent, c = 32 log2 f (f16,
+//   both halves: the Hopper kernel's FOLD_V adds it to the exp2's addend), and words 18..21 the
+//   weights 2^(-c / 32) of the groups' row sums (f16; groups 2q and 2q + 1 in word 18 + q: lane quad
+//   q's). Ready-made, they take a division and a max tree off the path from S to the row max.
+//   Per 16 keys every group's V factor lies in (1/2, 1]: a page whose scale over v_max is f = 2^-e f'
+//   (f' in (1/2, 1]) has its V bytes multiplied by 2^-e (exact but for bytes that fall under e4m3's
+//   normals: an error under 2^-10 of the request's V unit) and f' as its factor, so that P f' keeps
+//   e4m3's precision (the Hopper kernel sums the rows of those products) whatever the page's scale.
 #pragma once
 
 #include "atom_mma.h"
@@ -24,7 +30,10 @@ namespace atom {
 
 constexpr int kFp8Align = 128;
 constexpr int kFp8GroupBlock = 32;  // per_page16: the group block's first position in K's half
-constexpr int kFp8GroupWords = 17;  // and its words: 8 K factors, 8 V factors, the largest K scale
+constexpr int kFp8GroupWords = 32;  // and its words: 8 K factors, 8 V factors, the largest K scale, -, 4 weight pairs, -, 8 V exponents
+constexpr int kFp8GroupRecip = 18;  // the row sums' weights, first word
+constexpr int kFp8GroupFold = 24;   // the V exponents, first word (16-byte aligned)
+constexpr float kFp8FoldScale = 32.f;  // c per log2 unit: 2^F of the per-16-key exp2 by bit shifts
 
 // The key (0..127) of a kFp8Align block that V^T holds at position p.
 ATOM_DEV int fp8_vt_key(int p) { return 32 * (p >> 5) + mma::fp8_p_key(p & 31); }

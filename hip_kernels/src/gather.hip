@@ -249,6 +249,33 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 #endif
   sync_block();
+#if GATHER_SCALE == 2
+  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of the head (0: 1).
+  float ref_h = 0.f;
+  if (v_ref != nullptr) {
+    ref_h = v_ref[(i64)s_seq * num_heads + h];
+  } else {
+#pragma unroll
+    for (int w = 0; w < (GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
+  }
+  const float ref = ref_h > 0.f ? ref_h : 1.f;
+  const bool groups = page_size % 16 == 0;  // per_page16 (as gather_kv_fp8 names it): the group block
+  // A row's V factor (its scale over ref); per_page16 (src/fp8_pack.h) f = 2^-e f' with f' in (1/2, 1]:
+  // s_vf holds f', s_vq the bytes' multiplier 2^-e (1: as they are; 0 for a zero or padding scale)
+  __shared__ float s_vf[FP8_ROWS], s_vq[FP8_ROWS];
+  if (tid < FP8_ROWS) {
+    const float f = s_vs[tid] / ref;
+    float fv = f, q = 1.f;
+    if (groups) {  // f in [0, 1]: from its bits (a subnormal f, values under 2^-117 of O's unit, as 0)
+      const u32 b = f32_as_u32(f), E = (b >> 23) & 0xffu, M = b & 0x7fffffu;
+      fv = E == 0u ? 1.f : M == 0u ? 1.f : u32_as_f32(M | (126u << 23));
+      q = E == 0u ? 0.f : u32_as_f32((M == 0u ? E : E + 1u) << 23);  // 2^-e: f = fv q
+    }
+    s_vf[tid] = fv;
+    s_vq[tid] = q;
+  }
+  sync_block();
+#endif
 
   // K and V rows of head h in 16-byte chunks, 4 of each per thread in flight (one round for
   // head_dim 128); K goes out as it is, V through shared memory.
@@ -291,6 +318,14 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
     for (int p = 0; p < 16; ++p) {
       const int r = fp8_vt_key(16 * g + p);
       w[p] = s_v[r * W + ((r >> 4) & 1 ? rot1 : rot0)];
+#if GATHER_SCALE == 2
+      const float q = s_vq[r];
+      if (q != 1.f) {  // a power of two: exact but for bytes that fall under e4m3's normals
+        float x[4];
+        fp8x4_to_f32x4(w[p], x);
+        w[p] = f32x4_to_fp8x4(x[0] * q, x[1] * q, x[2] * q, x[3] * q);
+      }
+#endif
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -304,24 +339,14 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
   }
 
 #if GATHER_SCALE == 2
-  // O's unit in the FP8 bodies (atom_fp8_v_ref): the request's largest V scale of the head (0: 1).
-  // Key scales: K's as they are, V's relative to it.
+  // Key scales: K's as they are, V's relative to ref.
   if (tid < FP8_ROWS) {
-    float ref_h = 0.f;
-    if (v_ref != nullptr) {
-      ref_h = v_ref[(i64)s_seq * num_heads + h];
-    } else {
-#pragma unroll
-      for (int w = 0; w < (GATHER_THREADS - FP8_ROWS) / ATOM_WARP_SIZE; ++w) ref_h = fmax_(ref_h, s_ref[w]);
-    }
-    const float ref = ref_h > 0.f ? ref_h : 1.f;
     const i64 blocks = total_pad / FP8_ROWS, blk = row0 / FP8_ROWS;
     const int r = tid;
     float* dst = kvs + (h * blocks + blk) * 2 * FP8_ROWS;
-    const bool groups = page_size % 16 == 0;  // per_page16 (as gather_kv_fp8 names it): the group block
     const int pos = fp8_scale_pos(r);
     if (!(groups && pos >= kFp8GroupBlock && pos < kFp8GroupBlock + kFp8GroupWords)) dst[pos] = s_ks[r];
-    dst[FP8_ROWS + pos] = s_vs[r] / ref;
+    dst[FP8_ROWS + pos] = s_vf[r];
     if (r == 0) v_max[h * blocks + blk] = ref;
     if (groups && r < FP8_ROWS / 16) {  // group r's ready-made factors (src/fp8_pack.h)
       // group g's K scale, > 0 (a zero-scale page's bytes are zero: -inf * 0 = NaN); padding's is 0
@@ -329,9 +354,17 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv_fp8
       float kmax = 0.f;
       for (int g = 0; g < FP8_ROWS / 16; ++g) kmax = fmax_(kmax, k_of(g));
       const float kr = k_of(r) / kmax;
-      const float vr = s_vs[16 * r] / ref;
+      const u32 vr = pack_f16x2(s_vf[16 * r], s_vf[16 * r]);
       dst[kFp8GroupBlock + r] = u32_as_f32(pack_f16x2(kr, kr));
-      dst[kFp8GroupBlock + 8 + r] = u32_as_f32(pack_f16x2(vr, vr));
+      dst[kFp8GroupBlock + 8 + r] = u32_as_f32(vr);
+      // V's factor as P's exponent (f' in (1/2, 1]: c in (-32, 0]), and the row sums' weight 2^(-c / 32)
+      auto c_of = [&](int g) { return f16_to_f32((u16)(pack_f16x2(kFp8FoldScale * log2_(s_vf[16 * g]), 0.f) & 0xffffu)); };
+      const float c = c_of(r);
+      dst[kFp8GroupBlock + kFp8GroupFold + r] = u32_as_f32(pack_f16x2(c, c));
+      if (r < 4) {  // groups 2r, 2r + 1
+        auto weight = [&](int g) { return exp2_(-c_of(g) / kFp8FoldScale); };
+        dst[kFp8GroupBlock + kFp8GroupRecip + r] = u32_as_f32(pack_f16x2(weight(2 * r), weight(2 * r + 1)));
+      }
       if (r == 0) dst[kFp8GroupBlock + 16] = kmax;
     }
   }

@@ -70,7 +70,8 @@
 // 64 or 32 keys).
 // LOCAL_MAX_CHECK (0|1, default 1): the warp vote that skips the rows' max shuffles (A/B switch).
 // TWO_P (0|1, default BLOCK_N <= 128): two P operand buffers for FP8 with two consumer warpgroups.
-// ROWSUM_MMA (0|1, default S_F16): per-tensor FP8's row sums by the tensor cores (below).
+// ROWSUM_MMA (0|1, default S_F16): FP8's row sums by the tensor cores (per tensor; per 16 keys with FOLD_V; below).
+// FOLD_V (0|1, default 1): per 16 keys, V's group factors in P's exponent, not multiplied (below).
 // UNIT_PROFILE (0|1|2, default 0): clock64 per segment of the consumers' unit loop into lse (bench.unit_profile;
 // 2: a round's parts too).
 // DIAG_ENERGY (0|1|2, default 0; timing only, wrong output): 1 no softmax for S_F16 (P = S), 2 no FP8 MMAs:
@@ -180,14 +181,27 @@ constexpr bool kTwoP = NWG == 2 && kFp8 && TWO_P;
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA S_F16
 #endif
-// Per-tensor FP8 (ROWSUM_MMA, default on for f16 scores: 1.01-1.04x on H100; off on the two
-// warpgroups of fp32 scores, 0.82-0.84x on H200, where ptxas serializes the wgmmas for registers):
-// P's row sums by the tensor cores, not one add per score: P V runs N = D + 8 over V^T panels of
-// D + 8 rows, the last 8 e4m3 ones (written once), so 4 more accumulator registers take each
-// tile's row sums of the same e4m3 P as O, added to l in fp32 per tile. Per-page P carries V's
-// scales, so its sums are the adds' (docs/perf/prefill.md stop 48: V requantized into one scale
-// by the gather instead cost accuracy past the bound on long requests).
-constexpr bool kRowsumMma = ROWSUM_MMA && KV_FP8 == 1;
+// FP8 on f16 scores (ROWSUM_MMA, default on; off on the two warpgroups of fp32 scores, 0.82-0.84x
+// on H200, where ptxas serializes the wgmmas for registers): P's row sums by the tensor cores, not
+// one add per score: P V runs N = D + 8 over V^T panels of D + 8 rows (written once), so 4 more
+// accumulator registers take each tile's sums of the same e4m3 P as O, added to l in fp32 per tile.
+// Per tensor the 8 rows are e4m3 ones (every column a row's sum). Per 16 keys (kFoldV) P carries V's
+// group factors f = 2^(c / 2^F): row i is 1 at the keys of group i, so column i sums group i's P f,
+// and l adds each column times the group's weight 2^(-c / 2^F) (the pack's, f16): lane quad q holds
+// groups 2q, 2q + 1, and l stays a lane's part until the row's shuffles.
+constexpr bool kSF16 = S_F16 && KV_FP8 != 0 && (KV_FP8 == 1 || KV_FP8 == 3) && BLOCK_N == 128;
+// FOLD_V (0|1, default 1), per 16 keys without the soft-cap, EXP_SHIFT: V's group factor f joins P's
+// exponent instead of a multiply: the exp2's f16 addend B - 2^F msc plus the pack's c = 2^F log2 f
+// (one HADD2 a group for both row slots, not one HMUL2 a pair), so P = 2^(x + c / 2^F) on the line of
+// exp2 by bit shifts. f lies in (1/2, 1] (the gather moves a page's power of two into its bytes), so
+// c in (-2^F, 0]; the sum rounds to the addend's f16 step, at most 1 where it is used (softmax16): f
+// moves by at most 2^(1 / 2^(F+1)), 1.1% (0.54% for references within about [14, 79] log2 units).
+#ifndef FOLD_V
+#define FOLD_V 1
+#endif
+constexpr bool kFoldV = FOLD_V && KV_FP8 == 3 && kSF16 && !SOFTCAP && EXP_SHIFT;
+constexpr bool kRowsumMma = ROWSUM_MMA && (KV_FP8 == 1 || kFoldV);
+constexpr bool kRowsumGroups = kRowsumMma && KV_FP8 == 3;
 constexpr int VROWS = D + (kRowsumMma ? 8 : 0);  // rows of an FP8 V^T panel
 #ifndef O_PROMOTE
 #define O_PROMOTE 0
@@ -205,7 +219,6 @@ constexpr int kPromote = kFp8 ? O_PROMOTE : 0;
 // of 128-key tiles fit 160 registers without spills) and the softmax on f16 pairs. Q is quantized
 // to |q| <= 1, so |S| <= D * 448 = 57344 stays inside f16's range for any K bytes; S's f16
 // rounding (2^-11 relative) is far under e4m3's of Q and K (2^-4).
-constexpr bool kSF16 = S_F16 && kFp8 && (KV_FP8 == 1 || KV_FP8 == 3) && BN == 128;
 static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 128-key tiles");
 // S_F16, EXP_SHIFT: P = 2^x without the MUFU (Hopper splits an f16x2 exp2 into two MUFU.EX2.F16
 // and a PRMT; the MUFU is ~half busy on an FP8 round and each exp2 a long-latency step of the
@@ -222,6 +235,7 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 constexpr bool kExpShift = kSF16 && EXP_SHIFT;
 constexpr int kShiftFrac = kGroupScales ? 5 : 3;
 constexpr float kShiftScale = float(1 << kShiftFrac);
+static_assert(!kFoldV || kShiftScale == kFp8FoldScale, "FOLD_V: the pack's exponents are in this exp2's units");
 constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
 constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
 constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
@@ -285,6 +299,7 @@ static_assert(!kFp8 || (D == 128 && (BN == 64 || BN == 96 || BN == 128 || BN == 
 // [D][VT_PANEL bytes] of 64 or 32 keys (64- / 32-byte swizzle: wgmma layout 2 / 3, 8-row groups
 // 8 VT_PANEL bytes apart), one TMA box each.
 constexpr int VT_PANEL = BN == 128 ? 128 : BN % 64 == 0 ? 64 : 32;
+static_assert(!kRowsumGroups || VT_PANEL == 128, "ROWSUM_MMA per 16 keys: group i's keys are chunk i of a 128-byte row");
 constexpr u32 VT_LAYOUT = VT_PANEL == 128 ? 1 : VT_PANEL == 64 ? 2 : 3;
 static_assert(D == 64 || D == 128, "Hopper prefill: head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128 || (kFp8 && (BN == 96 || BN == 192)), "Hopper prefill: BLOCK_N 64 or 128 (FP8: or 96, 192)");
@@ -447,10 +462,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
     }
     wg::mbar_init_fence();
   }
-  if constexpr (kRowsumMma) {  // every V^T panel's last 8 rows: e4m3 ones (0x38), never overwritten
+  if constexpr (kRowsumMma) {  // every V^T panel's last 8 rows, never overwritten
+    // Per tensor e4m3 ones (0x38); per 16 keys row i has ones at group i's keys: 16-byte chunk i of
+    // the row (the P operand's key order keeps each group's keys in its 16 positions), which the
+    // 128-byte swizzle moves to chunk i ^ (row & 7) = 0.
     constexpr int PANELS = NST * BN / VT_PANEL, WORDS = 8 * VT_PANEL / 4;
     for (int i = (int)tid_x(); i < PANELS * WORDS; i += NTB)
-      reinterpret_cast<u32*>(sV + i / WORDS * VT_PANEL * VROWS + D * VT_PANEL)[i % WORDS] = 0x38383838u;
+      reinterpret_cast<u32*>(sV + i / WORDS * VT_PANEL * VROWS + D * VT_PANEL)[i % WORDS] =
+          !kRowsumGroups || i % (VT_PANEL / 4) < 4 ? 0x38383838u : 0u;
     wg::fence_proxy_async();
   }
   sync_block();
@@ -653,9 +672,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
 
       acc_t oacc[D / 16], sacc[BN / 16];
       u32 s16[kSF16 ? BN / 4 : 1];  // S_F16: S as f16x2 pairs
-      // ROWSUM_MMA: P V's 8 ones columns (2 per row slot, equal): one tile's row sums, zeroed before
-      // each P V and added to l_run in fp32 (FP8 wgmma accumulates with ~14 bits: summed across the
-      // tiles of a 64k-key request, l lost most of its terms).
+      // ROWSUM_MMA: P V's 8 extra columns (2 per row slot: the row's sum twice per tensor, groups 2q and
+      // 2q + 1 per 16 keys): one tile's sums, zeroed before each P V and added to l_run in fp32 (FP8
+      // wgmma accumulates with ~14 bits: summed across the tiles of a 64k-key request, l lost most of
+      // its terms).
       float lacc[4] = {};
       // O_PROMOTE: O = part * part_f + oacc (part: this thread's 64 floats in shared memory, once has_part).
       float part_f[acc_t::row_slots];
@@ -756,11 +776,19 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // pairs), then the block's largest K scale; gk / gv unused.
       u32x4 grel[kRelGK ? 4 : 1];
       float gscale_t = 1.f;
+      // kRowsumGroups: the weights 2^(-c / 2^F) of groups 2q, 2q + 1 (lane quad q): this tile's, and the
+      // tile before's (whose P V's sums finish adds to l)
+      u32 rv_cur = 0u, rv_prev = 0u;  // f16 pairs
       auto load_groups = [&](int it) {
+        if constexpr (kRowsumGroups) {
+          rv_prev = rv_cur;
+          rv_cur = f32_as_u32(sS[stage(it) * SC_TILE + kFp8GroupBlock + kFp8GroupRecip + (int)(lane_id() & 3)]);
+        }
         if constexpr (kRelGK) {
           const float* b = sS + stage(it) * SC_TILE + kFp8GroupBlock;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i);
+          for (int i = 0; i < 4; ++i)  // kFoldV: V's exponents in place of its factors
+            grel[i] = *reinterpret_cast<const u32x4*>(b + 4 * i + (kFoldV && i >= 2 ? kFp8GroupFold - 8 : 0));
           gscale_t = fmax_(b[16], 1e-30f);  // the gather floors it already: a zero here would make -inf * 0
         } else if constexpr (kGroupScales) {
 #pragma unroll
@@ -997,36 +1025,58 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
         u32 nb[2], mul[2], sum[2] = {0u, 0u};
-        float mf[2];
+        float mf[2], nf[2];
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) {  // EXP_SHIFT: t = 2^F x + B
           const float m = fmax_(a_eff[sl] * gscale, 5.9604645e-8f);
-          nb[sl] = h2::splat(kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]));
+          nf[sl] = kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]);
+          nb[sl] = h2::splat(nf[sl]);
           mf[sl] = h2::in_range(kExpShift ? kShiftScale * m : m);
           mul[sl] = h2::splat(mf[sl]);
         }
         // kRelGK: both row slots' multipliers in one pair, so that one HFMA2 a group takes K's factor
-        // into both (the argument's HFMA2 then selects its slot's half): 8 HFMA2 a tile fewer
-        u32 mul_pair = 0u;
+        // into both (the argument's HFMA2 then selects its slot's half): 8 HFMA2 a tile fewer; kFoldV:
+        // the addends too, V's c added to both by one HADD2
+        u32 mul_pair = 0u, nb_pair = 0u;
         if constexpr (kRelGK) mul_pair = h2::pair(mf[0], mf[1]);
+        if constexpr (kFoldV) nb_pair = h2::pair(nf[0], nf[1]);
+        // kFoldV: c joins the addend only where the addend's f16 step is at most 1 (|B - 2^F msc| < 2048:
+        // references within about [-17, 111] log2 units); a warp with a row past that multiplies P by
+        // 2^(c / 2^F) instead, as exact as the factors of the pack.
+        auto exps = [&](auto fold_t) {
+          constexpr bool fold = decltype(fold_t)::value;
 #pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt) {
-          u32 gv16 = 0u, gmul[2];
-          if constexpr (kRelGK) {
-            gv16 = grel_at(8 + nt);
-            const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
-            gmul[0] = h2::lo_lo(g);
-            gmul[1] = h2::hi_hi(g);
-          } else if constexpr (kGroupScales) {
-            gv16 = h2::splat(gv[nt]);
-          }
+          for (int nt = 0; nt < BN / 16; ++nt) {
+            u32 gv16 = 0u, gmul[2], gnb[2] = {nb[0], nb[1]};
+            if constexpr (kRelGK) {
+              gv16 = grel_at(8 + nt);
+              const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
+              gmul[0] = h2::lo_lo(g);
+              gmul[1] = h2::hi_hi(g);
+              if constexpr (fold) {  // gv16: (c, c)
+                const u32 b = h2::add(nb_pair, gv16);
+                gnb[0] = h2::lo_lo(b);
+                gnb[1] = h2::hi_hi(b);
+              } else if constexpr (kFoldV) {
+                gv16 = h2::exp2(h2::mul(gv16, h2::splat(1.f / kShiftScale)));
+              }
+            } else if constexpr (kGroupScales) {
+              gv16 = h2::splat(gv[nt]);
+            }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], nb[j & 1]);
-            const u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
-            if constexpr (!kRowsumMma) sum[j & 1] = h2::add(sum[j & 1], p);
-            s16[4 * nt + j] = kGroupScales ? h2::mul(p, gv16) : p;
+            for (int j = 0; j < 4; ++j) {
+              const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], gnb[j & 1]);
+              const u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
+              if constexpr (!kRowsumMma) sum[j & 1] = h2::add(sum[j & 1], p);
+              s16[4 * nt + j] = kGroupScales && !fold ? h2::mul(p, gv16) : p;
+            }
           }
+        };
+        if constexpr (kFoldV) {
+          if (!mma::warp_any(fabs_(nf[0]) >= 2048.f || fabs_(nf[1]) >= 2048.f)) exps(kv_tag<true>{});
+          else exps(kv_tag<false>{});
+        } else {
+          exps(kv_tag<false>{});
         }
 #pragma unroll
         for (int sl = 0; sl < 2; ++sl) rs[sl] = h2::lo(sum[sl]) + h2::hi(sum[sl]);
@@ -1043,13 +1093,17 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       };
       // After O += P V of the previous tile completed: rescale O, update l.
       // A row's sum l so far (ROWSUM_MMA: every lane holds it; else this lane's part, summed over the row).
-      auto row_l = [&](int s) { return kRowsumMma ? l_run[s] : acc_t::row_sum(l_run[s]); };
+      auto row_l = [&](int s) { return kRowsumMma && !kRowsumGroups ? l_run[s] : acc_t::row_sum(l_run[s]); };
+      // kRowsumMma: a finished P V's sums in l's units (per 16 keys: each group's times its weight)
+      auto tile_l = [&](int s, u32 rv) {
+        return kRowsumGroups ? h2::lo(rv) * lacc[2 * s] + h2::hi(rv) * lacc[2 * s + 1] : lacc[2 * s];
+      };
       auto finish = [&](const float* alpha, const float* rs, float vfac) {
         bool moved = false;
         float of[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          l_run[s] = kRowsumMma ? (l_run[s] + lacc[2 * s]) * alpha[s] : l_run[s] * alpha[s] + rs[s];
+          l_run[s] = kRowsumMma ? (l_run[s] + tile_l(s, rv_prev)) * alpha[s] : l_run[s] * alpha[s] + rs[s];
           of[s] = alpha[s] * vfac;
           moved |= of[s] != 1.f;
         }
@@ -1304,7 +1358,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if constexpr (kRowsumMma) {
           wg::fence_regs(lacc);
 #pragma unroll
-          for (int s = 0; s < acc_t::row_slots; ++s) l_run[s] += lacc[2 * s];  // the last tile's
+          for (int s = 0; s < acc_t::row_slots; ++s) l_run[s] += tile_l(s, rv_cur);  // the last tile's
         }
         wg::fence_regs(pf);
         if (kTwoP) wg::fence_regs(pg);
