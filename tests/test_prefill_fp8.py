@@ -127,7 +127,7 @@ def unpack(p: gather.PackedFp8, seqs_k):
         sc = p.key_scales.cpu()  # [H, blocks, 2, 128] in lane order
         nat = torch.empty_like(sc)
         nat[..., lane] = sc
-        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..53: the group block)
+        if p.scale == "per_page16":  # a group's K scale at its first key (positions 32..63: the group block)
             nat[:, :, 0] = nat[:, :, 0, ::16].repeat_interleave(16, dim=-1)
         kd = nat[:, :, 0, :].reshape(H, -1).t()  # [total, H]
         vd = (nat[:, :, 1, :] * p.v_max.cpu()[:, :, None]).reshape(H, -1).t()

@@ -11,7 +11,7 @@
 //   unit of O in the FP8 bodies), key j of a block at fp8_scale_pos(j) (the Hopper kernel's lane
 //   order; the portable body indexes it). Pages of a multiple of 16 keys (per_page16, KV_FP8 = 3):
 //   every body reads a 16-key group's scales at its first key (position 4 n of each half), and
-//   K's positions 32..48 hold the group block (the other positions keep their keys' scales), the
+//   K's positions 32..63 hold the group block (the other positions keep their keys' scales), the
 //   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
 //   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
 //   largest K scale (fp32); words 24..31 each group's V factor as an exponent, c = 32 log2 f (f16,
