@@ -9,18 +9,24 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "hip_kernels" / "src" / "varlen_prefill_hopper.hip"
 
 
-def shift_constants(frac: int) -> dict:
-    """The bias, the clamp (f16 bits), the shift and the mask of `h2::exp2_shifted` with `frac` fraction bits,
-    as the kernel's constexprs compute them (the test below checks that the source still has those lines)."""
-    return {"scale": float(1 << frac), "bias": float((32 << frac) + 15 * (1 << frac) - (2 if frac == 5 else 0)),
+def shift_constants(frac: int, exp: int = 15) -> dict:
+    """The bias, the clamp (f16 bits), the shift and the mask of `h2::exp2_shifted` with `frac` fraction bits
+    (and the f16 P's exponent for x = 0: 15, or DIRECT_P's 15 - P_LAZY), as the kernel's constexprs compute
+    them (the test below checks that the source still has those lines)."""
+    return {"scale": float(1 << frac), "bias": float((32 << frac) + exp * (1 << frac) - (2 if frac == 5 else 0)),
             "clamp": (20 + frac) << 10, "shift": 5, "mask": 0x7C00 | (((1 << frac) - 1) << (10 - frac))}
 
 
 def test_model_matches_kernel_source():
     src = SRC.read_text()
-    for line in ("constexpr int kShiftFrac = kGroupScales ? 5 : 3;",
+    for line in ("constexpr int kShiftFrac = kGroupScales || kDirectP ? 5 : 3;",
                  "constexpr float kShiftScale = float(1 << kShiftFrac);",
-                 "constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
+                 "constexpr int kShiftExp = kDirectP ? 15 - P_LAZY : 15;",
+                 "constexpr float kShiftBias = float((32 << kShiftFrac) + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
+                 "constexpr float kDirectMean = 0.96440197f * float(1 << (8 - P_LAZY));",
+                 "constexpr float kDirectK = 247.743254f;",
+                 "#define P_LAZY 5",
+                 "ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> 2; }",
                  "constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;",
                  "constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));",
                  "return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);"):
@@ -110,3 +116,94 @@ def test_snapped_reference_round_trips(frac):
     step = np.spacing(np.abs(addend).astype(np.float16)).astype(np.float32)
     assert np.all(np.abs(again.astype(np.float32) - addend.astype(np.float32)) <= step)
     assert np.all(np.abs(snapped - msc) <= step / 2 / scale + 1e-6)
+
+
+# DIRECT_P: P's e4m3 bytes from t's bits 2..9 (h2::bytes_of), the kernel's constants
+DIRECT_MEAN = 0.96440197  # kDirectMean at P_LAZY = 8 (times 2^(8 - L) otherwise)
+DIRECT_K = 247.743254  # kDirectK
+
+
+def _clamped_words(s, mul, nb, k):
+    """t = fma(s, mul, nb) rounded to f16, clamped below at 2^(F+5) (NaN too), as 32-bit words of two halves."""
+    t = (s.astype(np.float64) * np.float64(np.float16(mul)) + nb.astype(np.float64)).astype(np.float16)
+    clamp = np.float16(np.uint16(k["clamp"]).view(np.float16))
+    t = np.where(np.isnan(t) | (t < clamp), clamp, t).astype(np.float16)
+    bits = t.view(np.uint16).astype(np.uint32)
+    return bits[0::2] | (bits[1::2] << 16)
+
+
+def direct_bytes(s, mul, nb, k):
+    """The bytes h2::bytes_of leaves at bits 0..7 and 16..23 of each word (>> 2 of the whole word)."""
+    w = _clamped_words(s, mul, nb, k) >> 2
+    out = np.empty(s.shape, np.uint8)
+    out[0::2] = w & 0xFF
+    out[1::2] = (w >> 16) & 0xFF
+    return out
+
+
+def e4m3(b):
+    """e4m3 bytes -> values (0x7F / 0xFF are NaN)."""
+    b = b.astype(np.int64)
+    e, m = (b >> 3) & 0xF, b & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7.0))
+    v = np.where((b & 0x7F) == 0x7F, np.nan, v)
+    return np.where(b & 0x80, -v, v)
+
+
+@pytest.mark.parametrize("lazy", [5, 8])
+def test_direct_bytes_error_and_range(lazy):
+    """docs/fp8.md's DIRECT_P terms: P encoded as 2^x 2^(8 - L) kDirectMean, relative error -8.0%..+6.6%
+    about that scale (rms 0.031, the per-tensor F = 3 form's); e4m3 bytes without NaN or sign for
+    x < L + 0.92 (the lazy reference keeps x <= L plus ~0.1); 0 below x = L - 14.8, normal bytes from
+    x = L - 13.9."""
+    k = shift_constants(5, 15 - lazy)
+    rng = np.random.default_rng(3)
+    x = rng.uniform(lazy - 20.0, lazy + 0.9, 1 << 18)
+    s, mul, nb, x_eff = _case(x, rng, k)
+    b = direct_bytes(s, mul, nb, k)
+    assert b[x_eff < lazy + 0.92].max() <= 0x7E and b.max() <= 0x7F
+    p = e4m3(b)
+    ok = x_eff > lazy - 13.9
+    rel = p[ok] / (np.exp2(x_eff[ok]) * DIRECT_MEAN * 2.0 ** (8 - lazy)) - 1
+    assert -0.081 <= rel.min() and rel.max() <= 0.066
+    assert 0.029 < np.sqrt(np.mean(rel ** 2)) < 0.034
+    assert abs(rel.mean()) < 0.003
+    assert np.all(b[ok] >= 8)
+    assert np.all(p[x_eff < lazy - 14.85] == 0)
+
+
+def test_direct_bytes_masked_and_nan_keys_are_zero():
+    """A masked key's -inf (or a NaN) gives byte 0 in either half."""
+    k = shift_constants(5, 10)
+    s = np.array([-np.inf, 3.0, 2.0, -np.inf, np.nan, 1.0], np.float16)
+    b = direct_bytes(s, 1.0, np.full(s.size, k["bias"], np.float16), k)
+    assert b[0] == 0 and b[3] == 0 and b[4] == 0
+    np.testing.assert_allclose(e4m3(b[[1, 2, 5]]), np.exp2(s[[1, 2, 5]].astype(np.float64) / 32) * DIRECT_MEAN * 8,
+                               rtol=0.09)
+
+
+def test_direct_constants_and_fallback_scale():
+    """kDirectMean and kDirectK as the model gives them (x's fraction uniform); the warp that takes the
+    f16 P (exp2_shifted on the same t) times kDirectK has the bytes' scale, so tiles of either path add
+    into one O and l."""
+    lazy = 5
+    k = shift_constants(5, 15 - lazy)
+    x = (np.arange(1 << 20) + 0.5) / (1 << 20) * 4 - 2
+    t = np.round(32 * x + k["bias"])  # fma's rounding; in [1024, 2048) here
+    byte = np.floor((t - 1024) / 4)
+    direct = e4m3(byte.astype(np.uint8)) / np.exp2(x)
+    np.testing.assert_allclose(direct.mean(), DIRECT_MEAN * 2.0 ** (8 - lazy), rtol=2e-6)
+    mant = t - 1024
+    f16 = 2.0 ** (np.floor(mant / 32) - 15) * (1 + (mant % 32) / 32) / np.exp2(x)
+    np.testing.assert_allclose(direct.mean() / f16.mean(), DIRECT_K, rtol=2e-6)
+    # the fallback as the kernel runs it: exp2_shifted's f16 P, times kDirectK in f16, rounded to e4m3
+    rng = np.random.default_rng(5)
+    xs = rng.uniform(-8.0, lazy, 1 << 16)
+    s, mul, nb, x_eff = _case(xs, rng, k)
+    p16 = shifted_exp2(s, mul, nb, k).astype(np.float16) * np.float16(DIRECT_K)
+    fb = p16.astype(np.float32)
+    e = np.floor(np.log2(fb))
+    fb = np.round(fb / 2.0 ** e * 8) / 8 * 2.0 ** e  # e4m3's rounding (normals here)
+    pd = e4m3(direct_bytes(s, mul, nb, k))
+    ratio = np.mean(fb / np.exp2(x_eff)) / np.mean(pd / np.exp2(x_eff))
+    assert abs(ratio - 1) < 0.005

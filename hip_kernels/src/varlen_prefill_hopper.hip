@@ -80,6 +80,8 @@
 // cores every O_PROMOTE tiles of a unit that sees more tiles than that (below); Q_STAGES 1.
 // S_F16 (0|1): f16 scores for FP8 per tensor / per 16 keys with 128-key tiles (below).
 // EXP_SHIFT (0|1, default 1): S_F16's exp2 by shifting bits on the integer pipe, not the MUFU (below).
+// DIRECT_P (0|1, default 1), P_LAZY (3..8, default 5): with EXP_SHIFT, P's e4m3 bytes straight from the
+// exp2's argument, P's reference moving past L log2 units (below).
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -169,7 +171,6 @@ constexpr bool kLateFreeK = kKeyScales && !kGroupScales;  // K's stage holds sca
 // MUFU.TANH sits beside the exp2 instead of before the max tree (1.05-1.07x on H100). Other
 // builds cap first: per page spills with it, and 16-bit compute gains nothing (stop 37).
 [[maybe_unused]] constexpr bool kLateCap = SOFTCAP && KV_FP8 == 1;
-constexpr float kLazyLog2 = 8.f;  // how far a row's max may pass its reference before O is rescaled
 // Two P operand buffers (FP8: 16 more registers), which two consumer warpgroups have (per page a
 // few words spill outside the loop; 1.04-1.10x on H100). The 16-bit P's 32 more spill 64-348
 // bytes (d128), and three consumer warpgroups (160 registers) or CTAs of one have no room; nor
@@ -233,10 +234,38 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // keys P is multiplied by V's factors and rounded to e4m3 after: F = 5 leaves the line's own error
 // (1 + j / 32 against 2^(j / 32 + ...): 0..+6.1%, centred by B's -2: 2^(-1/16)) under that rounding.
 constexpr bool kExpShift = kSF16 && EXP_SHIFT;
-constexpr int kShiftFrac = kGroupScales ? 5 : 3;
+// DIRECT_P (0|1, default 1), EXP_SHIFT per tensor and per 16 keys with FOLD_V: P's e4m3 bytes come
+// straight out of t, with no f16 P and no conversion. F = 5 and B = 1024 + 32 (15 - L) - 2 (L =
+// P_LAZY, kLazyLog2) put t = 32 x + B in [1024, 2048), where f16's step is 1 and its mantissa holds
+// 32 (x + 15 - L) - 2; its bits 2..9 are floor(8 (x + 15 - L) - 1/2), an e4m3 byte (exponent biased by
+// 7, 3 mantissa bits) on exp2 by bit shifts' line. One shift a pair moves both halves' bytes to bits
+// 0..7 and 16..23, and one PRMT a pair of pairs packs four: 2 instructions a pair fewer than the f16
+// P's shift, mask and cvt (H100: 1.04-1.09x per page and per tensor). P's spread about its mean is
+// the per-tensor F = 3 form's (rel -8.0%..+6.5%, rms 0.031); P is encoded as P 2^(8 - L) kDirectMean
+// on average, which O / l cancels and lse and the sinks take out. P is 0 below x = L - 14.8 and its
+// subnormal bytes (up to x = L - 13.9) read low: L = 5 keeps e4m3's normals down to x = -8.9, where
+// the f16 form's rounding keeps them down to -6 (L = 8 put per page's long and small-row cases past
+// the bound, docs/fp8.md). Bytes stay e4m3 (at most 126: 448) for x < L + 0.92; the lazy reference
+// keeps x <= L plus the f16 roundings of the multipliers (<= 0.11 for references within the vote's
+// [-22, 106] log2 units, |B - 32 msc| < 2048): a warp with a row outside takes the f16 P instead,
+// times kDirectK (the bytes' scale), and converts it.
+#ifndef DIRECT_P
+#define DIRECT_P 1
+#endif
+#ifndef P_LAZY
+#define P_LAZY 5
+#endif
+constexpr bool kDirectP = DIRECT_P && kExpShift && (KV_FP8 == 1 || kFoldV);
+constexpr float kLazyLog2 = kDirectP ? float(P_LAZY) : 8.f;  // how far a row's max may pass its reference before O is rescaled
+static_assert(!kDirectP || (P_LAZY >= 3 && P_LAZY <= 8), "DIRECT_P: e4m3 holds P <= 2^(L + 0.92) 2^(8 - L)");
+constexpr float kDirectMean = 0.96440197f * float(1 << (8 - P_LAZY));  // the bytes' P over 2^x, averaged over x's fraction
+constexpr float kDirectK = 247.743254f;  // the bytes' scale over the f16 P's (0.9965434 2^-L) for the same t
+static_assert(!kDirectP || kRowsumMma, "DIRECT_P: P's row sums by the tensor cores (no f16 P to add)");
+constexpr int kShiftFrac = kGroupScales || kDirectP ? 5 : 3;
 constexpr float kShiftScale = float(1 << kShiftFrac);
 static_assert(!kFoldV || kShiftScale == kFp8FoldScale, "FOLD_V: the pack's exponents are in this exp2's units");
-constexpr float kShiftBias = float((32 << kShiftFrac) + 15 * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
+constexpr int kShiftExp = kDirectP ? 15 - P_LAZY : 15;  // the f16 P's exponent for x = 0
+constexpr float kShiftBias = float((32 << kShiftFrac) + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
 constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
 constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
 static_assert(kShiftFrac <= 5, "exp2_shifted: the mask clears what the shift moves from the low half into the high one");
@@ -278,6 +307,17 @@ ATOM_DEV u32 to_fp8x4(u32 a, u32 b) {
       : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// DIRECT_P: t's byte per half, at bits 0..7 and 16..23 (the bits around them are not read).
+ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> 2; }
+// An f16x2 pair -> its two e4m3 bytes where bytes_of puts them.
+ATOM_DEV u32 fp8_spread(u32 a) {
+  u32 d;
+  asm("{.reg .b16 x; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f16x2 x, %1; mov.b32 w, {x, x}; prmt.b32 %0, w, 0, 0x4140;}"
+      : "=r"(d) : "r"(a));
+  return d;
+}
+// Two such pairs -> four e4m3 bytes (a's low, a's high, b's low, b's high), as to_fp8x4.
+ATOM_DEV u32 pack_bytes(u32 a, u32 b) { u32 d; asm("prmt.b32 %0, %1, %2, 0x6420;" : "=r"(d) : "r"(a), "r"(b)); return d; }
 }  // namespace h2
 
 static_assert(!kPromote || (QST == 1 && D == 128), "O_PROMOTE: Q_STAGES 1, head_dim 128");
@@ -800,7 +840,8 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       };
       // The row's reference max moves only when the new one exceeds it by more than kLazyLog2 (log2
       // units), so most tiles leave O and l as they are (finish skips the rescale); P <= 2^8
-      // meanwhile, which e4m3 (448) and 16-bit P hold, and O, l are fp32. Most tiles move no row's
+      // meanwhile (DIRECT_P: 2^L, encoded times 2^(8 - L)), which e4m3 (448) and 16-bit P hold, and
+      // O, l are fp32. Most tiles move no row's
       // reference: this lane's maxes (lmax) and one vote of the warp tell, so the rows' maxes
       // (shuffles between the lanes of a row) are only taken when one may move. msc: the reference
       // in log2 units; alpha: O's and l's rescale. lmax may be an upper bound of the lane's maxes: refine
@@ -1043,8 +1084,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         // kFoldV: c joins the addend only where the addend's f16 step is at most 1 (|B - 2^F msc| < 2048:
         // references within about [-17, 111] log2 units); a warp with a row past that multiplies P by
         // 2^(c / 2^F) instead, as exact as the factors of the pack.
-        auto exps = [&](auto fold_t) {
-          constexpr bool fold = decltype(fold_t)::value;
+        // fast: kFoldV's c in the addend, kDirectP's bytes; else the f16 P, times V's factors (and kDirectK).
+        auto exps = [&](auto fast_t) {
+          constexpr bool fast = decltype(fast_t)::value;
+          constexpr bool fold = fast && kFoldV;
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
             u32 gv16 = 0u, gmul[2], gnb[2] = {nb[0], nb[1]};
@@ -1059,20 +1102,28 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
                 gnb[1] = h2::hi_hi(b);
               } else if constexpr (kFoldV) {
                 gv16 = h2::exp2(h2::mul(gv16, h2::splat(1.f / kShiftScale)));
+                if constexpr (kDirectP) gv16 = h2::mul(gv16, h2::splat(kDirectK));
               }
             } else if constexpr (kGroupScales) {
               gv16 = h2::splat(gv[nt]);
+            } else if constexpr (kDirectP) {
+              gv16 = h2::splat(kDirectK);
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], gnb[j & 1]);
-              const u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
-              if constexpr (!kRowsumMma) sum[j & 1] = h2::add(sum[j & 1], p);
-              s16[4 * nt + j] = kGroupScales && !fold ? h2::mul(p, gv16) : p;
+              if constexpr (kDirectP && fast) {
+                s16[4 * nt + j] = h2::bytes_of(arg);
+              } else {
+                u32 p = kExpShift ? h2::exp2_shifted(arg) : h2::exp2(arg);
+                if constexpr (!kRowsumMma) sum[j & 1] = h2::add(sum[j & 1], p);
+                if constexpr ((kGroupScales || kDirectP) && !fold) p = h2::mul(p, gv16);
+                s16[4 * nt + j] = kDirectP ? h2::fp8_spread(p) : p;
+              }
             }
           }
         };
-        if constexpr (kFoldV) {
+        if constexpr (kFoldV || kDirectP) {
           if (!mma::warp_any(fabs_(nf[0]) >= 2048.f || fabs_(nf[1]) >= 2048.f)) exps(kv_tag<true>{});
           else exps(kv_tag<false>{});
         } else {
@@ -1084,11 +1135,12 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // S_F16: P (s16) -> the operand registers of its P V.
       auto to_operand16 = [&](op_t (&pd)[NPF]) {
 #pragma unroll
-        for (int kk = 0; kk < NPF; ++kk) {
-          pd[kk].x[0] = h2::to_fp8x4(s16[8 * kk], s16[8 * kk + 2]);
-          pd[kk].x[1] = h2::to_fp8x4(s16[8 * kk + 1], s16[8 * kk + 3]);
-          pd[kk].x[2] = h2::to_fp8x4(s16[8 * kk + 4], s16[8 * kk + 6]);
-          pd[kk].x[3] = h2::to_fp8x4(s16[8 * kk + 5], s16[8 * kk + 7]);
+        for (int kk = 0; kk < NPF; ++kk) {  // DIRECT_P: s16 holds the bytes already
+          const auto pk = [](u32 a, u32 b) { return kDirectP ? h2::pack_bytes(a, b) : h2::to_fp8x4(a, b); };
+          pd[kk].x[0] = pk(s16[8 * kk], s16[8 * kk + 2]);
+          pd[kk].x[1] = pk(s16[8 * kk + 1], s16[8 * kk + 3]);
+          pd[kk].x[2] = pk(s16[8 * kk + 4], s16[8 * kk + 6]);
+          pd[kk].x[3] = pk(s16[8 * kk + 5], s16[8 * kk + 7]);
         }
       };
       // After O += P V of the previous tile completed: rescale O, update l.
@@ -1418,14 +1470,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         float inv[acc_t::row_slots];
 #pragma unroll
         for (int s = 0; s < acc_t::row_slots; ++s) {
-          const float l = row_l(s);
+          const float l = row_l(s);  // DIRECT_P: in units of kDirectMean (lse and the sink take P's)
           float lse_v = neg_inf();
           inv[s] = 0.f;
           if (l > 0.f) {
             const float m2 = m_run[s] * a_eff[s];
-            lse_v = (m2 + log2_(l)) * kLn2;
+            lse_v = (m2 + log2_(kDirectP ? l * (1.f / kDirectMean) : l)) * kLn2;
             float den = l;
-            if (sinks != nullptr) den += exp2_(sinks[head[s]] * kLog2e - m2);
+            if (sinks != nullptr) den += exp2_(sinks[head[s]] * kLog2e - m2) * (kDirectP ? kDirectMean : 1.f);
             inv[s] = (KV_FP8 == 1 ? v_scale : kKeyScales ? v_ref : 1.f) / den;
           }
           if (!UNIT_PROFILE && lse != nullptr && acc_t::row_leader() && tok[s] < u.sq) lse[(i64)(u.q0 + tok[s]) * hq + head[s]] = lse_v;
