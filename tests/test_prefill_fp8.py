@@ -622,6 +622,36 @@ def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
+@pytest.mark.parametrize("logit", [-20.0, 80.0], ids=["minus20", "plus80"])
+def test_fp8_prefill_rows_past_the_direct_band(per_page, logit, body):
+    """A request whose every logit is about `logit` nats (keys along u, queries along +-u), beside one of
+    ordinary rows: references of about -29 and +115 log2 units lie outside [-22, 106], where the Hopper
+    f16-score tiles take P's e4m3 bytes straight from the exp2's argument (DIRECT_P) and fold V's group
+    factors into it (FOLD_V), so those rows' warps take the f16 P times the bytes' scale instead; the
+    other request's warps keep the bytes. (A row that stays on one path has that scale cancel in O / l;
+    tests/test_fp8_exp_shift.py ties the scale to the bytes'.)"""
+    d = 128
+    u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5
+    seqs = [(200, 600), (64, 700)]
+
+    def edit(kc, table, seqs_k, scales):
+        ps = kc.shape[1]
+        n = seqs_k[1]
+        j = torch.arange(n)
+        pg, slots = table[1, j // ps].cpu().long(), j % ps
+        k = 5.0 * u + 0.05 * torch.randn(n, kc.shape[2], d, generator=torch.Generator().manual_seed(9))
+        s = scales["k_descale"].cpu()[pg][:, :, None] if "k_descale" in scales else scales["k_scale"]
+        kc[pg.to(DEV), slots.to(DEV)] = (k / s).to(kc.dtype).to(DEV)
+
+    def q_edit(q):  # request 1's rows along +-u: logits (logit / 5) * 5
+        q[seqs[0][0]:] = (logit / 5.0 * d ** 0.5 * u + 0.05 * torch.randn(
+            q[seqs[0][0]:].shape, generator=torch.Generator().manual_seed(5))).to(q.dtype)
+
+    _fp8_attention_case(seqs, 8, 2, {}, per_page=per_page, cache_edit=edit, q_edit=q_edit)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_page", [True, False], ids=["per_page", "per_tensor"])
 def test_fp8_prefill_long_requests_with_v_offset(per_page, body):
     """V with a mean makes O's sums grow like l, and the FP8 accumulator keeps ~14 bits: summed in
     the tensor cores over 4096 keys O lost rel 0.069 for V ~ N(2 sigma, sigma) (docs/fp8.md, long
