@@ -45,11 +45,13 @@ def test_summary_needs_a_written_row():
 
 @pytest.mark.parametrize("fp8,define", [(False, ("UNIT_PROFILE", 1)), (True, ("UNIT_PROFILE", 1)),
                                          (True, ("UNIT_PROFILE", 2)), (True, ("DIAG_ENERGY", 1)),
-                                         (True, ("DIAG_ENERGY", 2)), (True, ("EXP_SHIFT", 0))])
+                                         (True, ("DIAG_ENERGY", 2)), (True, ("EXP_SHIFT", 0)),
+                                         (True, ("DIRECT_P", 0)), (True, ("P_LAZY", 8))])
 def test_bench_builds_compile_for_sm90a(fp8, define, tmp_path, monkeypatch):
     """The benches' build switches compile with NVRTC sm_90a: the unit profile (segments; UNIT_PROFILE=2 a
     round's parts too) in a 16-bit and an FP8 per-page build, DIAG_ENERGY's FP8 builds (no softmax; no MMAs),
-    and the FP8 softmax's exp2 on the MUFU (EXP_SHIFT=0, the A/B base of the bit-shift form)."""
+    the FP8 softmax's exp2 on the MUFU (EXP_SHIFT=0, the A/B base of the bit-shift form), P through an f16
+    (DIRECT_P=0) and the 16-bit tiles' reference threshold (P_LAZY=8), the A/B bases of stop 50."""
     from hip_kernels import prefill, runtime
 
     try:

@@ -597,7 +597,7 @@ def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
     and a request whose every logit is about -20 (keys along u, queries along -u), where the per-16-key
     tile's bound of the row max (0 for a negative max) sends every tile to the exact max. That reference
     (about -29 log2 units) lies past the band where the Hopper kernel folds V's group factors into the
-    exp2's addend (FOLD_V: [-17, 111] log2 units), so those rows' warps multiply P by the factors."""
+    exp2's addend (FOLD_V: [-22, 106] log2 units with DIRECT_P's bias), so those rows' warps multiply P by the factors."""
     d = 128
     u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5
     seqs = [(300, 1500), (64, 700)]
