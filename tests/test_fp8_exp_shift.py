@@ -9,27 +9,32 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "hip_kernels" / "src" / "varlen_prefill_hopper.hip"
 
 
-def shift_constants(frac: int, exp: int = 15) -> dict:
+def shift_constants(frac: int, exp: int = 15, direct: bool = False) -> dict:
     """The bias, the clamp (f16 bits), the shift and the mask of `h2::exp2_shifted` with `frac` fraction bits
-    (and the f16 P's exponent for x = 0: 15, or DIRECT_P's 15 - P_LAZY), as the kernel's constexprs compute
-    them (the test below checks that the source still has those lines)."""
-    return {"scale": float(1 << frac), "bias": float((32 << frac) + exp * (1 << frac) - (2 if frac == 5 else 0)),
-            "clamp": (20 + frac) << 10, "shift": 5, "mask": 0x7C00 | (((1 << frac) - 1) << (10 - frac))}
+    (exp: the f16 P's exponent for x = 0, 15 or DIRECT_P's 15 - P_LAZY; direct: DIRECT_P's t in [1024,
+    2048)), as the kernel's constexprs compute them (the test below checks that the source still has
+    those lines)."""
+    base = 1024 if direct else 32 << frac
+    return {"frac": frac, "scale": float(1 << frac), "bias": float(base + exp * (1 << frac) - (2 if frac == 5 else 0)),
+            "clamp": (25 if direct else 20 + frac) << 10, "shift": 10 - frac if direct else 5,
+            "mask": 0x7C00 | (((1 << frac) - 1) << (10 - frac))}
 
 
 def test_model_matches_kernel_source():
     src = SRC.read_text()
-    for line in ("constexpr int kShiftFrac = kGroupScales || kDirectP ? 5 : 3;",
+    for line in ("constexpr int kShiftFrac = kGroupScales ? 5 : 3;",
                  "constexpr float kShiftScale = float(1 << kShiftFrac);",
                  "constexpr int kShiftExp = kDirectP ? 15 - P_LAZY : 15;",
-                 "constexpr float kShiftBias = float((32 << kShiftFrac) + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
-                 "constexpr float kDirectMean = 0.96440197f * float(1 << (8 - P_LAZY));",
-                 "constexpr float kDirectK = 247.743254f;",
+                 "constexpr int kShiftBase = kDirectP ? 1024 : 32 << kShiftFrac;",
+                 "constexpr float kShiftBias = float(kShiftBase + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
+                 "constexpr u32 kShiftFloor = (u32)(kDirectP ? 25 : 20 + kShiftFrac) << 10;",
+                 "constexpr int kShiftLeft = kDirectP ? 10 - kShiftFrac : 5;",
+                 "constexpr float kDirectMean = (kShiftFrac == 5 ? 0.96440197f : 1.04035904f) * float(1 << (8 - P_LAZY));",
+                 "constexpr float kDirectK = kShiftFrac == 5 ? 247.743254f : 256.f;",
                  "#define P_LAZY 5",
-                 "ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> 2; }",
-                 "constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;",
+                 "ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> (kShiftFrac - 3); }",
                  "constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));",
-                 "return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);"):
+                 "return (max(t, kShiftFloor * 0x10001u) << kShiftLeft) & (kShiftMask * 0x10001u);"):
         assert line in src, f"exp2_shifted's constants changed: update this model ({line})"
 
 
@@ -118,13 +123,13 @@ def test_snapped_reference_round_trips(frac):
     assert np.all(np.abs(snapped - msc) <= step / 2 / scale + 1e-6)
 
 
-# DIRECT_P: P's e4m3 bytes from t's bits 2..9 (h2::bytes_of), the kernel's constants
-DIRECT_MEAN = 0.96440197  # kDirectMean at P_LAZY = 8 (times 2^(8 - L) otherwise)
-DIRECT_K = 247.743254  # kDirectK
+# DIRECT_P: P's e4m3 bytes from t's mantissa (h2::bytes_of), the kernel's constants per F (3: per tensor,
+# 5: per 16 keys): kDirectMean at P_LAZY = 8 (times 2^(8 - L) otherwise), kDirectK, and x's limit for bytes <= 126
+DIRECT = {3: (1.04035904, 256.0, 0.81), 5: (0.96440197, 247.743254, 0.92)}
 
 
 def _clamped_words(s, mul, nb, k):
-    """t = fma(s, mul, nb) rounded to f16, clamped below at 2^(F+5) (NaN too), as 32-bit words of two halves."""
+    """t = fma(s, mul, nb) rounded to f16, clamped below at t's binade (NaN too), as 32-bit words of two halves."""
     t = (s.astype(np.float64) * np.float64(np.float16(mul)) + nb.astype(np.float64)).astype(np.float16)
     clamp = np.float16(np.uint16(k["clamp"]).view(np.float16))
     t = np.where(np.isnan(t) | (t < clamp), clamp, t).astype(np.float16)
@@ -133,8 +138,8 @@ def _clamped_words(s, mul, nb, k):
 
 
 def direct_bytes(s, mul, nb, k):
-    """The bytes h2::bytes_of leaves at bits 0..7 and 16..23 of each word (>> 2 of the whole word)."""
-    w = _clamped_words(s, mul, nb, k) >> 2
+    """The bytes h2::bytes_of leaves at bits 0..7 and 16..23 of each word (>> F - 3 of the whole word)."""
+    w = _clamped_words(s, mul, nb, k) >> (k["frac"] - 3)
     out = np.empty(s.shape, np.uint8)
     out[0::2] = w & 0xFF
     out[1::2] = (w >> 16) & 0xFF
@@ -150,60 +155,67 @@ def e4m3(b):
     return np.where(b & 0x80, -v, v)
 
 
+@pytest.mark.parametrize("frac", [3, 5])
 @pytest.mark.parametrize("lazy", [5, 8])
-def test_direct_bytes_error_and_range(lazy):
+def test_direct_bytes_error_and_range(frac, lazy):
     """docs/fp8.md's DIRECT_P terms: P encoded as 2^x 2^(8 - L) kDirectMean, relative error -8.0%..+6.6%
-    about that scale (rms 0.031, the per-tensor F = 3 form's); e4m3 bytes without NaN or sign for
-    x < L + 0.92 (the lazy reference keeps x <= L plus ~0.1); 0 below x = L - 14.8, normal bytes from
-    x = L - 13.9."""
-    k = shift_constants(5, 15 - lazy)
+    about that scale (rms 0.031, the earlier per-tensor form's); e4m3 bytes without NaN or sign for
+    x < L + 0.81 (F = 3) / 0.92 (F = 5; the lazy reference keeps x <= L plus <= 0.2); 0 below x = L - 14.8,
+    normal bytes from x = L - 13.9."""
+    mean, _, top = DIRECT[frac]
+    k = shift_constants(frac, 15 - lazy, direct=True)
     rng = np.random.default_rng(3)
-    x = rng.uniform(lazy - 20.0, lazy + 0.9, 1 << 18)
+    x = rng.uniform(lazy - 20.0, lazy + top + 0.1, 1 << 18)
     s, mul, nb, x_eff = _case(x, rng, k)
     b = direct_bytes(s, mul, nb, k)
-    assert b[x_eff < lazy + 0.92].max() <= 0x7E and b.max() <= 0x7F
+    assert b[x_eff < lazy + top].max() <= 0x7E and b[x_eff > lazy + top + 0.05].min() >= 0x7F
     p = e4m3(b)
-    ok = x_eff > lazy - 13.9
-    rel = p[ok] / (np.exp2(x_eff[ok]) * DIRECT_MEAN * 2.0 ** (8 - lazy)) - 1
+    ok = (x_eff > lazy - 13.9) & (x_eff < lazy + top)
+    rel = p[ok] / (np.exp2(x_eff[ok]) * mean * 2.0 ** (8 - lazy)) - 1
     assert -0.081 <= rel.min() and rel.max() <= 0.066
     assert 0.029 < np.sqrt(np.mean(rel ** 2)) < 0.034
     assert abs(rel.mean()) < 0.003
     assert np.all(b[ok] >= 8)
-    assert np.all(p[x_eff < lazy - 14.85] == 0)
+    assert np.all(p[x_eff < lazy - 14.95] == 0)
 
 
-def test_direct_bytes_masked_and_nan_keys_are_zero():
+@pytest.mark.parametrize("frac", [3, 5])
+def test_direct_bytes_masked_and_nan_keys_are_zero(frac):
     """A masked key's -inf (or a NaN) gives byte 0 in either half."""
-    k = shift_constants(5, 10)
+    k = shift_constants(frac, 10, direct=True)
     s = np.array([-np.inf, 3.0, 2.0, -np.inf, np.nan, 1.0], np.float16)
     b = direct_bytes(s, 1.0, np.full(s.size, k["bias"], np.float16), k)
     assert b[0] == 0 and b[3] == 0 and b[4] == 0
-    np.testing.assert_allclose(e4m3(b[[1, 2, 5]]), np.exp2(s[[1, 2, 5]].astype(np.float64) / 32) * DIRECT_MEAN * 8,
+    np.testing.assert_allclose(e4m3(b[[1, 2, 5]]), np.exp2(s[[1, 2, 5]].astype(np.float64) / k["scale"]) * DIRECT[frac][0] * 8,
                                rtol=0.09)
 
 
-def test_direct_constants_and_fallback_scale():
+@pytest.mark.parametrize("frac", [3, 5])
+def test_direct_constants_and_fallback_scale(frac):
     """kDirectMean and kDirectK as the model gives them (x's fraction uniform); the warp that takes the
-    f16 P (exp2_shifted on the same t) times kDirectK has the bytes' scale, so tiles of either path add
-    into one O and l."""
+    f16 P (exp2_shifted on the same t) times kDirectK has the bytes' scale (F = 3: the same values), so
+    tiles of either path add into one O and l."""
     lazy = 5
-    k = shift_constants(5, 15 - lazy)
+    mean, kd, _ = DIRECT[frac]
+    k = shift_constants(frac, 15 - lazy, direct=True)
     x = (np.arange(1 << 20) + 0.5) / (1 << 20) * 4 - 2
-    t = np.round(32 * x + k["bias"])  # fma's rounding; in [1024, 2048) here
-    byte = np.floor((t - 1024) / 4)
+    t = np.round(k["scale"] * x + k["bias"])  # fma's rounding; in [1024, 2048) here
+    byte = np.floor((t - 1024) / 2 ** (frac - 3))
     direct = e4m3(byte.astype(np.uint8)) / np.exp2(x)
-    np.testing.assert_allclose(direct.mean(), DIRECT_MEAN * 2.0 ** (8 - lazy), rtol=2e-6)
-    mant = t - 1024
-    f16 = 2.0 ** (np.floor(mant / 32) - 15) * (1 + (mant % 32) / 32) / np.exp2(x)
-    np.testing.assert_allclose(direct.mean() / f16.mean(), DIRECT_K, rtol=2e-6)
+    np.testing.assert_allclose(direct.mean(), mean * 2.0 ** (8 - lazy), rtol=2e-6)
+    mant = (t - 1024) * 2 ** (5 - frac)  # the f16 P's bits: 32 a unit of x after the shift
+    f16 = 2.0 ** (np.floor(mant / 32) - 15) * (1 + np.floor(mant % 32 / 2 ** (5 - frac)) / 2 ** frac) / np.exp2(x)
+    np.testing.assert_allclose(direct.mean() / f16.mean(), kd, rtol=2e-6)
     # the fallback as the kernel runs it: exp2_shifted's f16 P, times kDirectK in f16, rounded to e4m3
     rng = np.random.default_rng(5)
     xs = rng.uniform(-8.0, lazy, 1 << 16)
     s, mul, nb, x_eff = _case(xs, rng, k)
-    p16 = shifted_exp2(s, mul, nb, k).astype(np.float16) * np.float16(DIRECT_K)
+    p16 = shifted_exp2(s, mul, nb, k).astype(np.float16) * np.float16(kd)
     fb = p16.astype(np.float32)
     e = np.floor(np.log2(fb))
     fb = np.round(fb / 2.0 ** e * 8) / 8 * 2.0 ** e  # e4m3's rounding (normals here)
     pd = e4m3(direct_bytes(s, mul, nb, k))
     ratio = np.mean(fb / np.exp2(x_eff)) / np.mean(pd / np.exp2(x_eff))
     assert abs(ratio - 1) < 0.005
+    if frac == 3:
+        np.testing.assert_array_equal(fb, pd)

@@ -235,20 +235,22 @@ static_assert(!S_F16 || kSF16 || !kFp8, "S_F16: FP8 per tensor or per 16 keys, 1
 // (1 + j / 32 against 2^(j / 32 + ...): 0..+6.1%, centred by B's -2: 2^(-1/16)) under that rounding.
 constexpr bool kExpShift = kSF16 && EXP_SHIFT;
 // DIRECT_P (0|1, default 1), EXP_SHIFT per tensor and per 16 keys with FOLD_V: P's e4m3 bytes come
-// straight out of t, with no f16 P and no conversion. F = 5 and B = 1024 + 32 (15 - L) - 2 (L =
-// P_LAZY, kLazyLog2) put t = 32 x + B in [1024, 2048), where f16's step is 1 and its mantissa holds
-// 32 (x + 15 - L) - 2; its bits 2..9 are floor(8 (x + 15 - L) - 1/2), an e4m3 byte (exponent biased by
-// 7, 3 mantissa bits) on exp2 by bit shifts' line. One shift a pair moves both halves' bytes to bits
-// 0..7 and 16..23, and one PRMT a pair of pairs packs four: 2 instructions a pair fewer than the f16
-// P's shift, mask and cvt (H100: 1.04-1.09x per page and per tensor). P's spread about its mean is
-// the per-tensor F = 3 form's (rel -8.0%..+6.5%, rms 0.031); P is encoded as P 2^(8 - L) kDirectMean
-// on average, which O / l cancels and lse and the sinks take out. P is 0 below x = L - 14.8 and its
-// subnormal bytes (up to x = L - 13.9) read low: L = 5 keeps e4m3's normals down to x = -8.9, where
-// the f16 form's rounding keeps them down to -6 (L = 8 put per page's long and small-row cases past
-// the bound, docs/fp8.md). Bytes stay e4m3 (at most 126: 448) for x < L + 0.92; the lazy reference
-// keeps x <= L plus the f16 roundings of the multipliers (<= 0.11 for references within the vote's
-// [-22, 106] log2 units, |B - 32 msc| < 2048): a warp with a row outside takes the f16 P instead,
-// times kDirectK (the bytes' scale), and converts it.
+// straight out of t, with no f16 P and no conversion. B = 1024 + 2^F (15 - L) (- 2 for F = 5; L =
+// P_LAZY, kLazyLog2) puts t = 2^F x + B in [1024, 2048), where f16's step is 1 and its mantissa holds
+// 2^F (x + 15 - L): per tensor (F = 3) that is the byte round(8 (x + 15 - L)) itself, in bits 0..7 (the
+// HFMA2's rounding is P's); per 16 keys F = 5 keeps V's fold at 1/32 (FOLD_V) and bits 2..9 hold
+// floor(8 (x + 15 - L) - 1/2), moved down by one shift a pair. Either is an e4m3 byte (exponent biased
+// by 7, 3 mantissa bits) on exp2 by bit shifts' line, and one PRMT a pair of pairs packs four bytes:
+// 3 (per tensor) and 2 (per 16 keys) instructions a pair fewer than the f16 P's shift, mask and cvt.
+// P's spread about its mean is the earlier per-tensor form's (rel -8.0%..+6.5%, rms 0.031); P is
+// encoded as P 2^(8 - L) kDirectMean on average, which O / l cancels and lse and the sinks take out. P
+// is 0 below x = L - 14.8 and its subnormal bytes (up to x = L - 13.9) read low: L = 5 keeps e4m3's
+// normals down to x = -8.9, where the f16 form's rounding keeps them down to -6 (L = 8 put per page's
+// long and small-row cases past the bound, docs/fp8.md). Bytes stay e4m3 (at most 126: 448) for
+// x < L + 0.81; the lazy reference keeps x <= L plus the f16 roundings of the multipliers (<= 0.2 for
+// references within the vote's band, |B - 2^F msc| < 2048: [-22, 106] log2 units per 16 keys, [-118,
+// 394] per tensor): a warp with a row outside takes the f16 P from the same t instead (shifted by
+// 10 - F), times kDirectK (the bytes' scale over the f16 P's: 256 exactly for F = 3), and converts it.
 #ifndef DIRECT_P
 #define DIRECT_P 1
 #endif
@@ -257,16 +259,19 @@ constexpr bool kExpShift = kSF16 && EXP_SHIFT;
 #endif
 constexpr bool kDirectP = DIRECT_P && kExpShift && (KV_FP8 == 1 || kFoldV);
 constexpr float kLazyLog2 = kDirectP ? float(P_LAZY) : 8.f;  // how far a row's max may pass its reference before O is rescaled
-static_assert(!kDirectP || (P_LAZY >= 3 && P_LAZY <= 8), "DIRECT_P: e4m3 holds P <= 2^(L + 0.92) 2^(8 - L)");
-constexpr float kDirectMean = 0.96440197f * float(1 << (8 - P_LAZY));  // the bytes' P over 2^x, averaged over x's fraction
-constexpr float kDirectK = 247.743254f;  // the bytes' scale over the f16 P's (0.9965434 2^-L) for the same t
+static_assert(!kDirectP || (P_LAZY >= 3 && P_LAZY <= 8), "DIRECT_P: e4m3 holds P <= 2^(L + 0.81) 2^(8 - L)");
 static_assert(!kDirectP || kRowsumMma, "DIRECT_P: P's row sums by the tensor cores (no f16 P to add)");
-constexpr int kShiftFrac = kGroupScales || kDirectP ? 5 : 3;
+constexpr int kShiftFrac = kGroupScales ? 5 : 3;
 constexpr float kShiftScale = float(1 << kShiftFrac);
 static_assert(!kFoldV || kShiftScale == kFp8FoldScale, "FOLD_V: the pack's exponents are in this exp2's units");
+// the bytes' P over 2^x 2^(8 - L), averaged over x's fraction (F = 5's floor of - 1/2: 2^(-1/8) of F = 3's)
+constexpr float kDirectMean = (kShiftFrac == 5 ? 0.96440197f : 1.04035904f) * float(1 << (8 - P_LAZY));
+constexpr float kDirectK = kShiftFrac == 5 ? 247.743254f : 256.f;  // the bytes' scale over the f16 P's for the same t
 constexpr int kShiftExp = kDirectP ? 15 - P_LAZY : 15;  // the f16 P's exponent for x = 0
-constexpr float kShiftBias = float((32 << kShiftFrac) + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
-constexpr u32 kShiftFloor = (u32)(20 + kShiftFrac) << 10;  // 2^(F+5) as f16 bits (exponent F + 5, biased by 15)
+constexpr int kShiftBase = kDirectP ? 1024 : 32 << kShiftFrac;  // t's binade: [kShiftBase, 2 kShiftBase)
+constexpr float kShiftBias = float(kShiftBase + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));
+constexpr u32 kShiftFloor = (u32)(kDirectP ? 25 : 20 + kShiftFrac) << 10;  // kShiftBase as f16 bits (exponent biased by 15)
+constexpr int kShiftLeft = kDirectP ? 10 - kShiftFrac : 5;  // t's mantissa holds 2^(10 - shift) x: the f16 P's exponent to bit 10
 constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));
 static_assert(kShiftFrac <= 5, "exp2_shifted: the mask clears what the shift moves from the low half into the high one");
 // S_F16 per 16 keys: each group's K scale relative to the tile's largest joins the exp2's multiplier
@@ -292,9 +297,9 @@ ATOM_DEV u32 pair(float lo, float hi) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %2;
 ATOM_DEV float in_range(float x) { return fmin_(fmax_(x, -65504.f), 65504.f); }
 // EXP_SHIFT's f16 addend B - 2^F msc for the reference msc (log2 units), before its rounding to f16.
 ATOM_DEV float shift_addend(float msc) { return in_range(kShiftBias - kShiftScale * msc); }
-// 2^((t - B) / 2^F) per half with F mantissa bits (kExpShift above); 0 below t = 2^(F+5).
+// 2^((t - B) / 2^F) per half with F mantissa bits (kExpShift above); 0 below t = kShiftBase.
 ATOM_DEV u32 exp2_shifted(u32 t) {
-  return (max(t, kShiftFloor * 0x10001u) << 5) & (kShiftMask * 0x10001u);
+  return (max(t, kShiftFloor * 0x10001u) << kShiftLeft) & (kShiftMask * 0x10001u);
 }
 ATOM_DEV float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 ATOM_DEV u32 splat(float x) { u32 d; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(d) : "f"(x)); return d; }
@@ -308,7 +313,7 @@ ATOM_DEV u32 to_fp8x4(u32 a, u32 b) {
   return d;
 }
 // DIRECT_P: t's byte per half, at bits 0..7 and 16..23 (the bits around them are not read).
-ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> 2; }
+ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> (kShiftFrac - 3); }
 // An f16x2 pair -> its two e4m3 bytes where bytes_of puts them.
 ATOM_DEV u32 fp8_spread(u32 a) {
   u32 d;
