@@ -1087,8 +1087,9 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         if constexpr (kRelGK) mul_pair = h2::pair(mf[0], mf[1]);
         if constexpr (kFoldV) nb_pair = h2::pair(nf[0], nf[1]);
         // kFoldV: c joins the addend only where the addend's f16 step is at most 1 (|B - 2^F msc| < 2048:
-        // references within about [-17, 111] log2 units); a warp with a row past that multiplies P by
-        // 2^(c / 2^F) instead, as exact as the factors of the pack.
+        // references within about [-22, 106] log2 units with DIRECT_P's B, [-17, 111] without); a warp
+        // with a row past that multiplies P by 2^(c / 2^F) instead, as exact as the factors of the pack
+        // (DIRECT_P: the same band for the bytes, and that warp's P goes through the f16 form).
         // fast: kFoldV's c in the addend, kDirectP's bytes; else the f16 P, times V's factors (and kDirectK).
         auto exps = [&](auto fast_t) {
           constexpr bool fast = decltype(fast_t)::value;
