@@ -731,6 +731,10 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // is off the path from that P V's end to the next round's MMAs.
       op_t pf[NPF], pg[NPF];
       float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
+      // S_F16: the exp2's f16 multipliers and addends of both row slots (pairs) and whether the warp's
+      // references lie in the band of the fast exp2 (FOLD_V, DIRECT_P), set with the references (softmax16).
+      u32 mul = 0u, add_pair = 0u;
+      bool in_band = true;
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
 #pragma unroll
@@ -851,6 +855,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       // (shuffles between the lanes of a row) are only taken when one may move. msc: the reference
       // in log2 units; alpha: O's and l's rescale. lmax may be an upper bound of the lane's maxes: refine
       // then makes it exact, only when a row may move.
+      // Returns whether the warp took the rows' maxes (only then may msc differ from the last tile's).
       auto move_reference = [&](float (&lmax)[acc_t::row_slots], float* msc, float* alpha, auto&& refine) {
         bool grow = false;
 #pragma unroll
@@ -872,13 +877,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             alpha[s] = g ? exp2_(m_run[s] * a_eff[s] - msc[s]) : 1.f;
             m_run[s] = m_new;
           }
-        } else {
-#pragma unroll
-          for (int s = 0; s < acc_t::row_slots; ++s) {
-            msc[s] = m_run[s] * a_eff[s];
-            alpha[s] = 1.f;
-          }
+          return true;
         }
+#pragma unroll
+        for (int s = 0; s < acc_t::row_slots; ++s) {
+          msc[s] = m_run[s] * a_eff[s];
+          alpha[s] = 1.f;
+        }
+        return false;
       };
       auto softmax = [&](int it, float* alpha, float* rs, float& vfac) {
         wg::fence_regs(sacc);
@@ -1052,7 +1058,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         }
         vfac = 1.f;
         float msc[acc_t::row_slots];
-        move_reference(gmax, msc, alpha, [&](float (&lmax)[acc_t::row_slots]) {
+        const bool moved = move_reference(gmax, msc, alpha, [&](float (&lmax)[acc_t::row_slots]) {
           if constexpr (kRelGK) {  // the exact maxes: each group's, times its factor
             u32 gm[2];
 #pragma unroll
@@ -1070,22 +1076,29 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         });
         // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
-        u32 nb[2], mul[2], sum[2] = {0u, 0u};
-        float mf[2], nf[2];
+        // Both row slots' multipliers (mul) and addends (add_pair, EXP_SHIFT: t = 2^F x + B) as pairs, whose
+        // halves the argument's HFMA2 selects. The addends and the band's vote (below) follow the reference,
+        // the multipliers a_eff and, per 16 keys, the tile's largest K scale: they are taken again only on
+        // the tiles where the warp took the rows' maxes (the unit's first and few others), and per tile.
+        const auto multipliers = [&] {
+          constexpr float k = kExpShift ? kShiftScale : 1.f;  // exact: k (a g) = (k a) g
+          float mf[2];
 #pragma unroll
-        for (int sl = 0; sl < 2; ++sl) {  // EXP_SHIFT: t = 2^F x + B
-          const float m = fmax_(a_eff[sl] * gscale, 5.9604645e-8f);
-          nf[sl] = kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]);
-          nb[sl] = h2::splat(nf[sl]);
-          mf[sl] = h2::in_range(kExpShift ? kShiftScale * m : m);
-          mul[sl] = h2::splat(mf[sl]);
+          for (int sl = 0; sl < 2; ++sl) mf[sl] = fmin_(fmax_(k * a_eff[sl] * gscale, k * 5.9604645e-8f), 65504.f);  // a g >= 0
+          return h2::pair(mf[0], mf[1]);
+        };
+        if (moved) {
+          float nf[2];
+#pragma unroll
+          for (int sl = 0; sl < 2; ++sl) nf[sl] = kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]);
+          add_pair = h2::pair(nf[0], nf[1]);
+          if constexpr (kFoldV || kDirectP) in_band = !mma::warp_any(fabs_(nf[0]) >= 2048.f || fabs_(nf[1]) >= 2048.f);
+          if constexpr (!kRelGK) mul = multipliers();
         }
-        // kRelGK: both row slots' multipliers in one pair, so that one HFMA2 a group takes K's factor
-        // into both (the argument's HFMA2 then selects its slot's half): 8 HFMA2 a tile fewer; kFoldV:
-        // the addends too, V's c added to both by one HADD2
-        u32 mul_pair = 0u, nb_pair = 0u;
-        if constexpr (kRelGK) mul_pair = h2::pair(mf[0], mf[1]);
-        if constexpr (kFoldV) nb_pair = h2::pair(nf[0], nf[1]);
+        // kRelGK: one HFMA2 a group takes K's factor into both slots' multipliers (8 HFMA2 a tile fewer
+        // than one a slot); kFoldV: V's c added to both slots' addends by one HADD2
+        if constexpr (kRelGK) mul = multipliers();
+        u32 sum[2] = {0u, 0u};
         // kFoldV: c joins the addend only where the addend's f16 step is at most 1 (|B - 2^F msc| < 2048:
         // references within about [-22, 106] log2 units with DIRECT_P's B, [-17, 111] without); a warp
         // with a row past that multiplies P by 2^(c / 2^F) instead, as exact as the factors of the pack
@@ -1096,14 +1109,14 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           constexpr bool fold = fast && kFoldV;
 #pragma unroll
           for (int nt = 0; nt < BN / 16; ++nt) {
-            u32 gv16 = 0u, gmul[2], gnb[2] = {nb[0], nb[1]};
+            u32 gv16 = 0u, gmul[2], gnb[2] = {h2::lo_lo(add_pair), h2::hi_hi(add_pair)};
             if constexpr (kRelGK) {
               gv16 = grel_at(8 + nt);
-              const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
+              const u32 g = h2::fma(grel_at(nt), mul, kTiny);
               gmul[0] = h2::lo_lo(g);
               gmul[1] = h2::hi_hi(g);
               if constexpr (fold) {  // gv16: (c, c)
-                const u32 b = h2::add(nb_pair, gv16);
+                const u32 b = h2::add(add_pair, gv16);
                 gnb[0] = h2::lo_lo(b);
                 gnb[1] = h2::hi_hi(b);
               } else if constexpr (kFoldV) {
@@ -1117,7 +1130,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-              const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : mul[j & 1], gnb[j & 1]);
+              const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : j & 1 ? h2::hi_hi(mul) : h2::lo_lo(mul), gnb[j & 1]);
               if constexpr (kDirectP && fast) {
                 s16[4 * nt + j] = h2::bytes_of(arg);
               } else {
@@ -1130,7 +1143,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           }
         };
         if constexpr (kFoldV || kDirectP) {
-          if (!mma::warp_any(fabs_(nf[0]) >= 2048.f || fabs_(nf[1]) >= 2048.f)) exps(kv_tag<true>{});
+          if (in_band) exps(kv_tag<true>{});
           else exps(kv_tag<false>{});
         } else {
           exps(kv_tag<false>{});
