@@ -733,7 +733,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
       float m_run[acc_t::row_slots], l_run[acc_t::row_slots];
       // S_F16: the exp2's f16 multipliers and addends of both row slots (pairs) and whether the warp's
       // references lie in the band of the fast exp2 (FOLD_V, DIRECT_P), set with the references (softmax16).
-      u32 mul = 0u, add_pair = 0u;
+      u32 mul_pair = 0u, add_pair = 0u;
       bool in_band = true;
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) mma::zero(oacc[dt]);
@@ -1076,10 +1076,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
         });
         // f16's range: a multiplier under 2^-24 moves no argument by more than 57344 * 2^-24; one over
         // 65504, or a row max past it (in log2 units), only comes with logits of more than 65504.
-        // Both row slots' multipliers (mul) and addends (add_pair, EXP_SHIFT: t = 2^F x + B) as pairs, whose
-        // halves the argument's HFMA2 selects. The addends and the band's vote (below) follow the reference,
-        // the multipliers a_eff and, per 16 keys, the tile's largest K scale: they are taken again only on
-        // the tiles where the warp took the rows' maxes (the unit's first and few others), and per tile.
+        // Both row slots' multipliers (mul_pair) and addends (add_pair, EXP_SHIFT: t = 2^F x + B) as pairs,
+        // whose halves the argument's HFMA2 selects. The addends and the band's vote (below) follow the
+        // reference, the multipliers a_eff: they are taken again only on the tiles where the warp took its
+        // rows' maxes (the unit's first and few others). Per 16 keys the multipliers carry the tile's
+        // largest K scale too, so they are taken every tile.
         const auto multipliers = [&] {
           constexpr float k = kExpShift ? kShiftScale : 1.f;  // exact: k (a g) = (k a) g
           float mf[2];
@@ -1093,11 +1094,11 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
           for (int sl = 0; sl < 2; ++sl) nf[sl] = kExpShift ? h2::shift_addend(msc[sl]) : -h2::in_range(msc[sl]);
           add_pair = h2::pair(nf[0], nf[1]);
           if constexpr (kFoldV || kDirectP) in_band = !mma::warp_any(fabs_(nf[0]) >= 2048.f || fabs_(nf[1]) >= 2048.f);
-          if constexpr (!kRelGK) mul = multipliers();
+          if constexpr (!kRelGK) mul_pair = multipliers();
         }
         // kRelGK: one HFMA2 a group takes K's factor into both slots' multipliers (8 HFMA2 a tile fewer
         // than one a slot); kFoldV: V's c added to both slots' addends by one HADD2
-        if constexpr (kRelGK) mul = multipliers();
+        if constexpr (kRelGK) mul_pair = multipliers();
         u32 sum[2] = {0u, 0u};
         // kFoldV: c joins the addend only where the addend's f16 step is at most 1 (|B - 2^F msc| < 2048:
         // references within about [-22, 106] log2 units with DIRECT_P's B, [-17, 111] without); a warp
@@ -1112,7 +1113,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             u32 gv16 = 0u, gmul[2], gnb[2] = {h2::lo_lo(add_pair), h2::hi_hi(add_pair)};
             if constexpr (kRelGK) {
               gv16 = grel_at(8 + nt);
-              const u32 g = h2::fma(grel_at(nt), mul, kTiny);
+              const u32 g = h2::fma(grel_at(nt), mul_pair, kTiny);
               gmul[0] = h2::lo_lo(g);
               gmul[1] = h2::hi_hi(g);
               if constexpr (fold) {  // gv16: (c, c)
@@ -1130,7 +1131,7 @@ varlen_prefill_hopper(const ATOM_GRID_CONSTANT tma_desc tm_q, const ATOM_GRID_CO
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-              const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : j & 1 ? h2::hi_hi(mul) : h2::lo_lo(mul), gnb[j & 1]);
+              const u32 arg = h2::fma(s16[4 * nt + j], kRelGK ? gmul[j & 1] : j & 1 ? h2::hi_hi(mul_pair) : h2::lo_lo(mul_pair), gnb[j & 1]);
               if constexpr (kDirectP && fast) {
                 s16[4 * nt + j] = h2::bytes_of(arg);
               } else {
