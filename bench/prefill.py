@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 
 import torch
 
+from bench import ab
 from bench.common import bench_ms, device_name
 from hip_kernels import prefill
 
@@ -317,8 +319,6 @@ ROTATED_SHAPES = ("causal 32/8 d128 4x4k", "causal 32/8 d128 1x16k")
 def rotated_tflops(fns: dict, rounds: int, pairs, d, hq, time_ms=None) -> dict:
     """{name: [TFLOP/s per round]}: every round times each of fns once, the order rotated (bench.ab.rotated)
     so that each leads equally often over len(fns) rounds."""
-    from bench import ab
-
     time_ms = time_ms or (lambda fn: bench_ms(fn, rep_ms=100))
     out = {n: [] for n in fns}
     for rnd in range(rounds):
@@ -328,15 +328,13 @@ def rotated_tflops(fns: dict, rounds: int, pairs, d, hq, time_ms=None) -> dict:
 
 
 def measure_rotated(label, fns, rounds, pairs, d, hq, rows):
-    import statistics
-
-    for name, fn in fns.items():
+    for fn in fns.values():  # compiled and loaded before the first round
         fn()
     torch.cuda.synchronize()
-    for name, tf in rotated_tflops(fns, rounds, pairs, d, hq).items():
-        rows.append({"shape": label, "impl": f"rotated {name}", "tflops": statistics.median(tf), "rounds": tf})
-    print(f"  rotated ({rounds} rounds, medians): " + ", ".join(
-        f"{r['impl'][8:]} {r['tflops']:.1f}" for r in rows[-len(fns):]), flush=True)
+    tf = rotated_tflops(fns, rounds, pairs, d, hq)
+    rows += [{"shape": label, "impl": f"rotated {n}", "tflops": statistics.median(t), "rounds": t} for n, t in tf.items()]
+    print(f"  rotated ({rounds} rounds, medians): " + ", ".join(f"{n} {statistics.median(t):.1f}" for n, t in tf.items()),
+          flush=True)
 
 
 def measure(label, fn, pairs, d, hq, rows, impl):
