@@ -28,3 +28,16 @@ def test_rotated_rounds_time_each_kernel_once_a_round_and_rotate_the_lead():
 def test_rotated_shapes_are_issue_27s_bar_shapes_of_the_table():
     labels = [s[0] for s in bp.SHAPES]
     assert all(s in labels and s in bp.FP8_SHAPES for s in bp.ROTATED_SHAPES)
+
+
+def test_measure_rotated_rows_hold_medians_and_rounds(monkeypatch):
+    monkeypatch.setattr(bp.torch.cuda, "synchronize", lambda: None)
+    seq = iter([1.0, 2.0, 4.0, 2.0, 2.0, 2.0])  # a, b, b, a, a, b: the medians' inputs per kernel
+    monkeypatch.setattr(bp, "bench_ms", lambda fn, rep_ms=100: next(seq))
+    rows = []
+    bp.measure_rotated("x", {"a": lambda: None, "b": lambda: None}, 3, 10**6, 128, 32, rows)
+    by = {r["impl"]: r for r in rows}
+    assert set(by) == {"rotated a", "rotated b"} and all(r["shape"] == "x" for r in rows)
+    t = lambda ms: bp.tflops(10**6, 128, 32, ms)  # noqa: E731
+    assert by["rotated a"]["rounds"] == [t(1.0), t(2.0), t(2.0)] and by["rotated a"]["tflops"] == t(2.0)
+    assert by["rotated b"]["rounds"] == [t(2.0), t(4.0), t(2.0)] and by["rotated b"]["tflops"] == t(2.0)
