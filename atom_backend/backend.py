@@ -87,6 +87,21 @@ class AtomAttentionBackend(AttentionBackend):
         return (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
 
     @classmethod
+    def validate_configuration(cls, **config) -> list[str]:
+        """vLLM's reasons, each naming the offending value and what is supported."""
+        detail = {
+            "head_size not supported": f"head_size {config.get('head_size')} not supported: multiples of 8 from 8 to "
+                                       f"{MAX_HEAD_SIZE} (the compiled kernels take 64, 128 and 256; others run "
+                                       f"on the Triton path)",
+            "dtype not supported": f"dtype {config.get('dtype')} not supported: "
+                                   f"{', '.join(str(d).removeprefix('torch.') for d in cls.supported_dtypes)}",
+            "kv_cache_dtype not supported": f"kv_cache_dtype {config.get('kv_cache_dtype')!r} not supported: "
+                                            f"{', '.join(cls.supported_kv_cache_dtypes)}",
+            "block_size not supported": f"block_size {config.get('block_size')} not supported: 1 to {MAX_BLOCK_SIZE}",
+        }
+        return [detail.get(r, r) for r in super().validate_configuration(**config)]
+
+    @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink,
                              use_sparse, use_mm_prefix, device_capability) -> str | None:
         if kv_cache_dtype is not None and str(kv_cache_dtype).startswith("fp8") and dtype == torch.float32:

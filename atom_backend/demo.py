@@ -102,7 +102,9 @@ def main(argv=None) -> None:
     platform = (platform_for("sm_90a", use_tables=False) if args.platform == "h100"
                 else Platform(vendor="cpu", varlen_kernel=False, splitkv_kernel=False))
     config = PlannerConfig.from_env()
-    print(f"platform: {platform.vendor} {platform.arch}, {platform.num_sms} SMs; config: {config}\n")
+    where = ("simulated: the plans an H100 / H200 gets, computed on the host, no GPU used"
+             if args.platform == "h100" else "simulated: a GPU whose compiled kernels are unavailable")
+    print(f"platform: {platform.vendor} {platform.arch}, {platform.num_sms} SMs ({where})\nconfig: {config}\n")
     for title, facts, reqs in BATCHES:
         print(plan_table(title, facts, reqs, platform, config))
         print()

@@ -46,15 +46,15 @@ SPLIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # without bound: past this many, the oldest unread pairs are dropped.
 MAX_PENDING_EVENTS = 1024
 
-_FALSE = ("0", "false", "no", "off")
-
-
 def _enabled_from_env() -> bool:
-    return os.environ.get("ATOM_METRICS", "1").strip().lower() not in _FALSE
+    from atom_backend.planner import env_flag
+
+    return env_flag(os.environ, "ATOM_METRICS", True)
 
 
-def _rate_from_env() -> float:
-    raw = os.environ.get("ATOM_METRICS_SAMPLE_RATE", "").strip()
+def rate_from_env(env=None) -> float:
+    """ATOM_METRICS_SAMPLE_RATE as a fraction in [0, 1] (ValueError naming a bad value)."""
+    raw = (os.environ if env is None else env).get("ATOM_METRICS_SAMPLE_RATE", "").strip()
     if not raw:
         return 0.01
     try:
@@ -66,7 +66,7 @@ def _rate_from_env() -> float:
     return rate
 
 
-def _ensure_multiprocess_values() -> None:
+def use_multiprocess_values() -> None:
     """Make metric values file-backed when PROMETHEUS_MULTIPROC_DIR is set.
 
     prometheus-client picks its value class when it is first imported. A process that imported
@@ -149,7 +149,7 @@ class Metrics:
 
         if not 0.0 <= sample_rate <= 1.0:
             raise ValueError(f"sample_rate={sample_rate} is outside [0, 1]")
-        _ensure_multiprocess_values()
+        use_multiprocess_values()
         reg = REGISTRY if registry is None else registry
         self.sample_rate = sample_rate
         # None: decided on the first sampled timer (torch may not be imported yet).
@@ -357,7 +357,7 @@ def _init() -> Metrics | _Disabled:
         if not _enabled_from_env():
             _impl = _Disabled()
         else:
-            _impl = Metrics(sample_rate=_rate_from_env())
+            _impl = Metrics(sample_rate=rate_from_env())
             if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
                 logger.info(
                     "atom metrics live in process %d only: set PROMETHEUS_MULTIPROC_DIR before starting vLLM "

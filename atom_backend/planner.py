@@ -47,6 +47,8 @@ class Reason(str, Enum):
     GATHER_COST = "gather_cost"
     COST = "cost"
     LONG_CONTEXT = "fp8_long_context"
+    # Not a refusal: a 16-bit KV cache computes in 16 bits (atom_varlen_compute_requests_total)
+    KV_16BIT = "kv_cache_16bit"
 
 
 class PlanError(ValueError):
@@ -167,7 +169,7 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | No
         raise PlanError(f"{name}={raw!r} is not an integer") from None
 
 
-def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name, "").strip().lower()
     if raw == "":
         return default
@@ -229,7 +231,7 @@ class PlannerConfig:
                             "(ATOM_DECODE_WAVE_FILL, percent, default 95)")
         return cls(
             force_path=env.get("ATOM_FORCE_PATH", "").strip().lower(),
-            disable_varlen=_env_flag(env, "ATOM_DISABLE_VARLEN", False),
+            disable_varlen=env_flag(env, "ATOM_DISABLE_VARLEN", False),
             decode_max_query_tokens=_env_int(env, "ATOM_DECODE_MAX_QUERY_TOKENS", 1),
             varlen_min_new_tokens=_env_int(env, "ATOM_VARLEN_MIN_NEW_TOKENS", 8),
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
@@ -237,9 +239,9 @@ class PlannerConfig:
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             long_split_tokens=_env_int(env, "ATOM_LONG_SPLIT_TOKENS", 1024),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),
-            cost_routing=_env_flag(env, "ATOM_COST_ROUTING", True),
-            deterministic_decode=_env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
-            fp8_compute=_env_flag(env, "ATOM_FP8_COMPUTE", True),
+            cost_routing=env_flag(env, "ATOM_COST_ROUTING", True),
+            deterministic_decode=env_flag(env, "ATOM_DETERMINISTIC_DECODE", False),
+            fp8_compute=env_flag(env, "ATOM_FP8_COMPUTE", True),
             fp8_compute_max_keys=_env_int(env, "ATOM_FP8_COMPUTE_MAX_KEYS", None),
         )
 
@@ -291,7 +293,7 @@ class Plan:
     # The varlen requests compute in FP8 (FP8 cache, gather of e4m3 bytes, FP8 prefill kernel);
     # otherwise in the query dtype, for varlen_compute_reason (model_fp8_compute_reason)
     varlen_fp8: bool = False
-    varlen_compute_reason: Reason = Reason.KV_FORMAT
+    varlen_compute_reason: Reason = Reason.KV_16BIT
 
     @classmethod
     def _make(cls, **fields) -> "Plan":
@@ -349,12 +351,12 @@ def model_varlen_reason(facts: ModelFacts, platform: Platform, config: PlannerCo
 
 
 def model_fp8_compute_reason(facts: ModelFacts, platform: Platform, config: PlannerConfig) -> Reason | None:
-    """Why varlen prefill of this model does not compute in FP8 (None: it does). KV_FORMAT: the
+    """Why varlen prefill of this model does not compute in FP8 (None: it does). KV_16BIT: the
     cache is not FP8; FORCED: ATOM_FP8_COMPUTE=0; a registry reason (head dim, arch, ...); COST:
     per-page scales on pages of no multiple of 16 keys take a scale per key, measured slower
     than the dequantizing gather + 16-bit prefill (docs/PERF.md, FP8 compute)."""
     if not facts.kv_dtype.startswith("fp8"):
-        return Reason.KV_FORMAT
+        return Reason.KV_16BIT
     if not config.fp8_compute:
         return Reason.FORCED
     r = _path_reason(platform.varlen_fp8_caps, facts)
@@ -574,7 +576,7 @@ def plan(
         max_ctx = decode_tokens = 0
         decode_reason = None
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
-    fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_FORMAT
+    fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_16BIT
     keys = new[varlen] + cached[varlen] if fp8_reason is None else None
     limit = platform.fp8_max_keys if config.fp8_compute_max_keys is None else config.fp8_compute_max_keys
     if keys is not None and limit and int(keys.max()) > limit:

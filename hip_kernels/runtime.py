@@ -588,7 +588,12 @@ def _record_compile(name: str, seconds: float, cache_hit: bool) -> None:
 
 
 def _no_compile() -> bool:
-    return os.environ.get("ATOM_NO_COMPILE", "0").lower() not in ("", "0", "false", "no")
+    raw = os.environ.get("ATOM_NO_COMPILE", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"ATOM_NO_COMPILE={raw!r} is not a flag (1/0, true/false, yes/no, on/off)")
 
 
 def compile_variant(variant: Variant, arch: str) -> Compiled:

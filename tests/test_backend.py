@@ -31,9 +31,11 @@ def test_supported_configurations_have_no_reasons():
 def test_every_unsupported_feature_is_reported_at_once():
     r = _reasons(head_size=36, kv_cache_dtype="fp8_e5m2", block_size=2048, use_mla=True,
                  attn_type=AttentionType.ENCODER_ONLY)
-    for want in ("head_size not supported", "kv_cache_dtype not supported", "block_size not supported",
-                 "MLA not supported"):
-        assert want in r, r
+    # each names the offending value and the supported set
+    for want in ("head_size 36 not supported: multiples of 8 from 8 to 256",
+                 "kv_cache_dtype 'fp8_e5m2' not supported: auto, float16, bfloat16, fp8, fp8_e4m3",
+                 "block_size 2048 not supported: 1 to 1024", "MLA not supported"):
+        assert any(x.startswith(want) for x in r), (want, r)
     assert any("attention type" in x for x in r), r
     assert _reasons(head_size=64, dtype=torch.float32, kv_cache_dtype="fp8") != []
 
@@ -70,7 +72,55 @@ def test_cpu_platform_honours_custom_only_when_selected():
         cpu_attn = AttentionBackendEnum.CPU_ATTN.get_path()
         assert plat.get_attn_backend_cls(None, sel) == cpu_attn
         assert plat.get_attn_backend_cls(AttentionBackendEnum.TRITON_ATTN, sel) == cpu_attn
-        with pytest.raises(ValueError, match="head_size not supported"):
+        with pytest.raises(ValueError, match="head_size 36 not supported"):
             plat.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, sel._replace(head_size=36))
     finally:
         AttentionBackendEnum.CUSTOM.clear_override()
+
+
+@pytest.mark.parametrize("argv, selected", [
+    (["api_server", "--model", "m", "--attention-backend", "CUSTOM"], True),
+    (["api_server", "--attention-backend=custom"], True),
+    (["serve", "m", "--attention-config", '{"backend": "CUSTOM"}'], True),
+    (["serve", "m", "--attention-backend", "FLASH_ATTN"], False),
+    (["serve", "m", "--attention-config", '{"backend": "TRITON_ATTN"}'], False),
+    (["serve", "m"], False),
+])
+def test_the_plugin_sees_a_custom_selection_on_the_command_line(argv, selected):
+    from atom_backend.plugin import custom_selected
+
+    assert custom_selected(argv) is selected
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ATOM_FORCE_PATH": "bogus"}, "ATOM_FORCE_PATH='bogus'"),
+    ({"ATOM_MAX_SPLITS": "abc"}, "ATOM_MAX_SPLITS"),
+    ({"ATOM_NO_COMPILE": "maybe"}, "ATOM_NO_COMPILE='maybe'"),
+    ({"ATOM_METRICS_SAMPLE_RATE": "2"}, "ATOM_METRICS_SAMPLE_RATE='2'"),
+    ({"ATOM_TABLES_DIR": "/nonexistent/tables"}, "ATOM_TABLES_DIR='/nonexistent/tables' is not a directory"),
+])
+def test_a_bad_setting_stops_the_front_end_with_one_line(env, message):
+    from atom_backend.plugin import prepare_front_end
+
+    with pytest.raises(SystemExit) as e:
+        prepare_front_end(env)
+    line = str(e.value.code)
+    assert line.startswith("atom-backend: ") and message in line and "\n" not in line, line
+
+
+def test_good_settings_pass_the_front_end_check():
+    from atom_backend.plugin import check_environment
+
+    check_environment({"ATOM_FORCE_PATH": "varlen", "ATOM_MAX_SPLITS": "32", "ATOM_NO_COMPILE": "off",
+                       "ATOM_METRICS": "on", "ATOM_METRICS_SAMPLE_RATE": "0.5"})
+
+
+def test_no_compile_reads_off_as_off(monkeypatch):
+    from hip_kernels import runtime
+
+    for raw, want in (("off", False), ("no", False), ("0", False), ("", False), ("on", True), ("1", True)):
+        monkeypatch.setenv("ATOM_NO_COMPILE", raw)
+        assert runtime._no_compile() is want, raw
+    monkeypatch.setenv("ATOM_NO_COMPILE", "maybe")
+    with pytest.raises(ValueError, match="ATOM_NO_COMPILE"):
+        runtime._no_compile()

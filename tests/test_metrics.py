@@ -345,4 +345,4 @@ def test_varlen_compute_precision_is_counted():
     assert _value(reg, "atom_varlen_compute_requests_total", compute="fp8", reason="preferred") == 2
     assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="forced_by_config") == 1
     assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="fp8_long_context") == 2
-    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="unsupported_kv_format") == 1
+    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="kv_cache_16bit") == 1

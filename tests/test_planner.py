@@ -348,7 +348,7 @@ FP8_LLAMA = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tenso
     (replace(FP8_LLAMA, head_dim=256), platform_for("gfx950", use_tables=False), DEFAULT, False,
      "unsupported_head_dim"),
     (FP8_LLAMA, platform_for("gfx1250", use_tables=False), DEFAULT, False, "kernel_unavailable"),
-    (LLAMA, H100, DEFAULT, False, "unsupported_kv_format"),
+    (LLAMA, H100, DEFAULT, False, "kv_cache_16bit"),
 ], ids=["per_tensor", "per_page16", "page1024_softcap", "per_key_page1", "per_key_page24", "disabled", "d64",
         "gfx950", "gfx950_d64_per_page", "gfx942_fnuz", "gfx950_d256", "gfx1250", "bf16_cache"])
 def test_fp8_compute_routing(facts, platform, config, fp8, reason):
