@@ -302,3 +302,59 @@ def test_cost_table_of_other_kernels_is_not_used(monkeypatch, tmp_path, caplog):
         assert tables.cost_model("gfx1250") is None and "measured on other kernels" in caplog.text
     finally:
         tables.clear_cache()
+
+
+HIP_SNIPPET = '''// the kernel's doc
+#define TILE 64
+__global__ void k(float* o, const char* tag) {
+  /* a block
+     comment */
+  o[threadIdx.x] = 2.0f / TILE;  // trailing
+  tag = "not // a comment";
+}
+'''
+PY_SNIPPET = '''"""Module doc."""
+CONFIGS = {64: (128, 64)}  # tile per head dim
+
+
+def tile(d):
+    """Doc."""
+    return CONFIGS[d]
+'''
+
+
+@pytest.mark.parametrize("name, text, same, other", [
+    ("k.hip", HIP_SNIPPET,
+     [HIP_SNIPPET.replace("// the kernel's doc", "// another doc").replace("  o[", "\n      o["),
+      HIP_SNIPPET.replace("/* a block\n     comment */", "")],
+     [HIP_SNIPPET.replace("#define TILE 64", "#define TILE 128"), HIP_SNIPPET.replace("2.0f", "3.0f"),
+      HIP_SNIPPET.replace('"not // a comment"', '"not a comment"')]),
+    ("tiles.py", PY_SNIPPET,
+     [PY_SNIPPET.replace('"""Doc."""', '"""Another doc, longer."""').replace("# tile per head dim", ""),
+      PY_SNIPPET.replace("\n\n\ndef", "\n\ndef").replace("{64: (128, 64)}", "{64: (128,  64)}")],
+     [PY_SNIPPET.replace("(128, 64)", "(128, 32)"), PY_SNIPPET.replace("return CONFIGS[d]", "return CONFIGS[d // 2]")]),
+])
+def test_the_cost_key_follows_code_not_comments_or_layout(name, text, same, other):
+    key = tables.code_digest(name, text)
+    for edit in same:
+        assert edit != text and tables.code_digest(name, edit) == key, edit
+    for edit in other:
+        assert tables.code_digest(name, edit) != key, edit
+
+
+def test_the_cost_key_ignores_where_the_sources_live(monkeypatch, tmp_path):
+    # the same files under other paths and in another order give the same key
+    root = tables._ROOT
+    moved = []
+    for i, rel in enumerate(reversed(tables.COSTED_SOURCES)):
+        dst = tmp_path / f"moved_{i}{Path(rel).suffix}"
+        dst.write_bytes((root / rel).read_bytes())
+        moved.append(dst.name)
+    key = tables.kernel_fingerprint()
+    monkeypatch.setattr(tables, "_ROOT", tmp_path)
+    monkeypatch.setattr(tables, "COSTED_SOURCES", tuple(moved))
+    tables.kernel_fingerprint.cache_clear()
+    try:
+        assert tables.kernel_fingerprint() == key
+    finally:
+        tables.kernel_fingerprint.cache_clear()

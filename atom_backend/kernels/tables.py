@@ -21,11 +21,14 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
 import platform as _platform
+import re
 import sys
+import tokenize
 from pathlib import Path
 
 from atom_backend.kernels.rules import arch_family
@@ -44,18 +47,50 @@ COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/varlen_
                   "atom_backend/unified/_kernels.py", "atom_backend/unified/api.py")
 
 
+# C/C++/HIP tokens that matter for a fingerprint: literals kept whole (a "//" inside a string is
+# no comment), comments dropped, any other run of non-blank characters kept.
+_C_TOKENS = re.compile(r'"(?:\\.|[^"\\])*"' + r"|'(?:\\.|[^'\\])*'|//[^\n]*|/\*.*?\*/"
+                       + r"""|(?:[^\s"'/]|/(?![/*]))+""", re.S)
+
+
+def _c_code(text: str) -> str:
+    return " ".join(t for t in _C_TOKENS.findall(text) if not t.startswith(("//", "/*")))
+
+
+def _python_code(text: str) -> str:
+    """The token stream less comments, blank lines and statement-strings (docstrings)."""
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    keep = []
+    starts = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    for i, t in enumerate(toks):
+        lone = (t.type == tokenize.STRING and (i == 0 or toks[i - 1].type in starts)
+                and i + 1 < len(toks) and toks[i + 1].type == tokenize.NEWLINE)
+        if not lone and not (t.type == tokenize.NEWLINE and keep and keep[-1] == "NEWLINE"):
+            keep.append(tokenize.tok_name[t.type] if t.type in starts else t.string)
+    return " ".join(keep)
+
+
+def code_digest(name: str, text: str) -> str:
+    """sha256 of a source's code: comments, docstrings and layout left out, so that only an edit
+    that can change the compiled kernel (or the launch it gets) changes it."""
+    code = _python_code(text) if name.endswith(".py") else _c_code(text)
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_fingerprint() -> str:
-    """sha256 (16 hex digits) of the sources a cost table's timings depend on ("" when one is
-    missing: then no table matches and the planner routes by thresholds)."""
-    h = hashlib.sha256()
+    """16 hex digits over the code of the sources a cost table's timings depend on ("" when one
+    is missing: then no table matches and the planner routes by thresholds). Neither the files'
+    paths nor their order enter it, so moving a source keeps it."""
+    digests = []
     for rel in COSTED_SOURCES:
         try:
-            h.update(rel.encode() + b"\0" + (_ROOT / rel).read_bytes() + b"\0")
-        except OSError as e:
+            digests.append(code_digest(rel, (_ROOT / rel).read_text()))
+        except (OSError, UnicodeDecodeError, tokenize.TokenError, SyntaxError) as e:
             log.warning("atom: cannot fingerprint %s (%s): cost tables are not used", rel, e)
             return ""
-    return h.hexdigest()[:16]
+    return hashlib.sha256("".join(sorted(digests)).encode()).hexdigest()[:16]
 
 
 def search_dirs() -> list[Path]:
