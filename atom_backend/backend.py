@@ -1,6 +1,6 @@
 """vLLM v1 attention backend declaration (vLLM >= 0.32: ``vllm.v1.attention.backend``).
 
-Only declarations live here (STYLE.md 2): what the backend supports, stated so that vLLM's
+Only declarations live here (as in vLLM's own backends): what the backend supports, stated so that vLLM's
 selector can reject a configuration with every reason at once. The metadata builder
 (``metadata.py``) plans each batch; the impl (``impl.py``) executes the plan.
 

@@ -9,7 +9,7 @@ that fails at run time (compile error, missing toolchain) sends its requests to 
 path (FP8 compute first to the dequantizing gather + 16-bit kernel), counted
 (``metrics.record_fallback``) and remembered: later batches are planned without it.
 
-CPU: the same three routes in plain torch, following ``atom_backend.reference`` (DESIGN.md)
+CPU: the same three routes in plain torch, following ``atom_backend.reference`` (docs/design.md)
 but batched per sequence with matmuls instead of element loops: decode computes fp32 partials
 per split and combines them, varlen attends over the packed gather, unified reads each
 sequence's pages directly from the cache. No SDPA: sinks, windows and soft-cap are explicit.
@@ -118,7 +118,7 @@ def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int 
 
 def _split_combine(q, k, v, sk, p, num_splits, split_rule: SplitRule):
     """Split-KV on the CPU: fp32 partials over the kernels' contiguous key ranges, then the
-    combine of DESIGN.md (empty splits weigh 0)."""
+    combine of docs/design.md (empty splits weigh 0)."""
     parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, split_rule)]
     o_s = torch.stack([o for o, _ in parts])
     lse_s = torch.stack([l for _, l in parts])

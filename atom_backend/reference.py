@@ -1,9 +1,9 @@
-"""The literal semantics of ../shared/DESIGN.md, in float32 (or float64 when given float64).
+"""The literal semantics of docs/design.md, in float32 (or float64 when given float64).
 
 This module is the oracle for every test: it is written for clarity, builds every mask
 explicitly and takes no shortcut. It is never on a hot path.
 
-Conventions (DESIGN.md, "Tensors and layouts"):
+Conventions (docs/design.md, "Tensors and layouts"):
 - q: [total_q, num_q_heads, head_dim], rows of sequence b are cu_seqlens_q[b]:cu_seqlens_q[b+1].
 - k, v: [total_kv, num_kv_heads, head_dim], rows cu_seqlens_k[b]:cu_seqlens_k[b+1], row r is
   key position r.
@@ -25,7 +25,7 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """Which keys a query may see (DESIGN.md, "Visibility")."""
+    """Which keys a query may see (docs/design.md, "Visibility")."""
 
     causal: bool = True
     window: int = 0  # sliding window W in tokens; 0 means no window

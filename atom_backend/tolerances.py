@@ -1,4 +1,4 @@
-"""Accuracy bounds of DESIGN.md ("Correctness checks"), shared by every test and GPU check."""
+"""Accuracy bounds of docs/design.md ("Correctness checks"), shared by every test and GPU check."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ class Bound:
 
 # fp32 accumulation over bf16 inputs; FP8 KV is judged on dequantised values with these too.
 BF16 = Bound(rel=1e-2, max_abs=2e-2)
-# DESIGN.md bounds fp16 by its relative error; its max-abs bound is bf16's, never looser.
+# docs/design.md bounds fp16 by its relative error; its max-abs bound is bf16's, never looser.
 FP16 = Bound(rel=3e-3, max_abs=2e-2)
 # float32 end to end (reference against reference-like code, CPU kernels under interpretation).
 FP32 = Bound(rel=1e-5, max_abs=1e-4)
 
 # FP8 compute (Q and P rounded to e4m3 on the way; K and V are already e4m3 in the cache, so the
-# reference on the dequantised cache sees none of their rounding): DESIGN.md "FP8 compute".
+# reference on the dequantised cache sees none of their rounding): docs/design.md "FP8 compute".
 # rel: predicted ~0.026 (one e4m3 rounding of P, rms) to ~0.037 (plus Q's at unit-variance logits);
 # max abs: P's rounding moves o_i by at most 2^-4 max|v| (all errors aligned), doubled for Q's.
 FP8_COMPUTE_REL = 5e-2
@@ -57,7 +57,7 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype, what: str = "output") -> None:
-    """Fail on NaN anywhere, or on errors above DESIGN.md's bound for `dtype` (or a Bound)."""
+    """Fail on NaN anywhere, or on errors above docs/design.md's bound for `dtype` (or a Bound)."""
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten or poisoned rows?)"
     b = bound_for(dtype)

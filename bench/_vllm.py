@@ -1,5 +1,5 @@
 """A minimal stand-in for the few vLLM names atom_backend imports, for machines without vLLM
-(the GPU machine: TOOLCHAINS.md), used by bench.trace and tests/test_impl_gpu.py; every line of
+(the GPU machine: docs/toolchains.md), used by bench.trace and tests/test_impl_gpu.py; every line of
 atom_backend that runs on top of it is production code. No-op when vLLM is installed."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared benchmark helpers: median timing and the device's measured copy bandwidth.
 
-DESIGN.md "Performance accounting": report bytes moved over time and the fraction of the
+docs/design.md "Performance accounting": report bytes moved over time and the fraction of the
 copy bandwidth measured on the same GPU, in the same process.
 """
 

@@ -1,5 +1,5 @@
 """`python -m bench.decode`: split-KV decode, KV bytes read per second against the measured copy
-bandwidth and against peers on the same shapes, in one process (DESIGN.md "Performance accounting").
+bandwidth and against peers on the same shapes, in one process (docs/design.md "Performance accounting").
 
 Shapes (issue 6): bf16, 8 kv heads / 32 q heads, head_dim 128, page 16: batch 64 x 4k,
 8 x 32k, 1 x 128k context; and the same with an FP8 e4m3 cache (per-tensor and per-page scales).

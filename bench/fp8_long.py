@@ -9,7 +9,7 @@ FP8 compute (gather_kv_fp8 + the kernel) per page and per tensor (scale from the
 value; the tiles as declared), and per tensor on the two-warpgroup fp32-score tile with `ROWSUM_MMA`
 on; next to them, 16-bit compute over the same per-page cache (the dequantizing gather + the bf16 kernel). The
 reference is float32 attention on the dequantized cache. Prints the relative error and max |err| /
-max |V| of each; the bound of docs/fp8.md is rel 5e-2 (DESIGN.md's 16-bit bound for the last row).
+max |V| of each; the bound of docs/fp8.md is rel 5e-2 (docs/design.md's 16-bit bound for the last row).
 
     PYTHONPATH=. python -m bench.fp8_long [--shapes 512x65536,16384x16384] [--offsets 0,2]
 """

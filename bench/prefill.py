@@ -1,5 +1,5 @@
 """Varlen prefill: hip_kernels.prefill vs torch SDPA (flash, cuDNN), FlexAttention and the Triton
-unified path, on the same shapes in one process (DESIGN.md "Performance accounting").
+unified path, on the same shapes in one process (docs/design.md "Performance accounting").
 
     PYTHONPATH=. python -m bench.prefill [--quick] [--no-flex] [--json PATH]
 
@@ -121,7 +121,7 @@ def run_flex(seqs, q, k, v, sinks_free=True, softcap=0.0):
     def causal(b, h, qi, ki):
         return ki <= qi + off
 
-    def capped(score, b, h, qi, ki):  # DESIGN.md's soft-cap, as Gemma-2 runs it on FlexAttention
+    def capped(score, b, h, qi, ki):  # docs/design.md's soft-cap, as Gemma-2 runs it on FlexAttention
         return softcap * torch.tanh(score / softcap)
 
     bm = create_block_mask(causal, None, None, sq, sk, device=q.device)

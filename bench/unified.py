@@ -4,7 +4,7 @@ decode KV bandwidth vs the measured copy bandwidth. All peers in one process, sa
     PYTHONPATH=. python -m bench.unified [--sweep] [--quick] [--json PATH]
 
 Prefill: batch x 4096-token causal sequences (sq == sk, the whole prompt new), paged KV with
-page 16 in permuted pages for us, dense [B, H, S, D] for the peers. FLOPs per DESIGN.md:
+page 16 in permuted pages for us, dense [B, H, S, D] for the peers. FLOPs per docs/design.md:
 4 * visible pairs * head_dim * num_q_heads. Decode: batch 64 x 4096 context, page 16, one query
 token each; bytes = K and V actually read + q + out.
 """

@@ -1,4 +1,4 @@
-"""Split-KV combine (kernel: src/combine.hip), per DESIGN.md "Split-KV".
+"""Split-KV combine (kernel: src/combine.hip), per docs/design.md "Split-KV".
 
 ``combine(o_partial, lse_partial, out, lse_out=None, sinks=None)``:
 ``o_partial [S, total_q, H, D]`` and ``lse_partial [S, total_q, H]`` fp32 contiguous (an empty

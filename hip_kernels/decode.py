@@ -10,7 +10,7 @@ every check here reads shapes, dtypes, strides and Python numbers only, so the c
 capturable when the caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks
 it).
 
-Semantics follow DESIGN.md: query i of a request with sq new tokens and sk keys sits at
+Semantics follow docs/design.md: query i of a request with sq new tokens and sk keys sits at
 sk - sq + i; sliding window W keeps keys j > p - W, StreamingLLM sink tokens j < S stay visible;
 soft-cap, FP8 e4m3 KV with a per-tensor scale or a per-page-per-head descale [num_blocks, hk].
 Page of key j: block_table[b, j // block_size] (vLLM) or
@@ -26,7 +26,7 @@ L = sk - lo visible keys splits over ns = atom::request_splits(L, num_splits, ..
 instead, the count the planner would give a batch of its length; splits ns.. stay idle
 (lse -inf). num_splits is then the grid's bound, so a CUDA graph captured for long contexts
 still gives a short request the splits its own length is worth.
-Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from DESIGN.md's contiguous
+Balanced mode (tensor-core kernel, 16-bit KV; `balance_pays`) departs from docs/design.md's contiguous
 ranges on purpose: a request's splits (when it uses all of the grid's) claim 16-key slices of its
 whole range at run time, so a partial covers the slices its CTA took (the combined attention is
 the same; its rounding varies from run to run, and ATOM_DETERMINISTIC_DECODE=1 / balanced=False
@@ -638,7 +638,7 @@ def splitkv_partials(
     max_query_len, num_splits, split_rule=(), scale=None, window=0, sink_tokens=0, softcap=0.0, k_scale=None,
     v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel alone, once, over fixed key ranges (DESIGN.md's split ranges, bitwise
+    """The split kernel alone, once, over fixed key ranges (docs/design.md's split ranges, bitwise
     repeatable): SplitKVPlan(..., balanced=False).partials(...)."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                        max_query_len=max_query_len, num_splits=num_splits, split_rule=split_rule,

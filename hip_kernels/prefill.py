@@ -1,7 +1,7 @@
 """Varlen prefill attention over packed KV (kernels: src/varlen_prefill.hip, the portable body;
 src/varlen_prefill_hopper.hip on sm_90a), torch-facing.
 
-`varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` follows DESIGN.md: bottom-right
+`varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` follows docs/design.md: bottom-right
 causal alignment (query i of a request with sq queries and sk keys sits at sk - sq + i), GQA/MQA,
 sliding window W (keys j > p - W), StreamingLLM sink tokens (keys j < S stay visible through the
 window), soft-cap, per-head sink logits (fp32, in the denominator), optional lse (fp32

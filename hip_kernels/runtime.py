@@ -176,7 +176,7 @@ def max_dynamic_smem(arch: str) -> int:
 
 
 def native_fp8_dtype(arch: str):
-    """The e4m3 flavour the hardware converts natively (DESIGN.md "FP8 KV cache")."""
+    """The e4m3 flavour the hardware converts natively (docs/design.md "FP8 KV cache")."""
     import torch
 
     return torch.float8_e4m3fnuz if arch in ("gfx940", "gfx941", "gfx942") else torch.float8_e4m3fn

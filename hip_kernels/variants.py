@@ -48,7 +48,8 @@ def prewarm(archs: list[str], verbose: bool = True) -> list[tuple[str, str, bool
             c = runtime.compile_variant(v, arch)
             done.append((v.name, arch, c.cache_hit, c.seconds))
             if verbose:
-                print(f"{arch:8s} {'hit ' if c.cache_hit else 'new '} {c.seconds * 1e3:8.1f} ms  {v.name}")
+                use = ", ".join(f"{k} {n}" for k, n in runtime.resource_usage(c).items())
+                print(f"{arch:8s} {'hit ' if c.cache_hit else 'new '} {c.seconds * 1e3:8.1f} ms  {v.name}  [{use}]")
     return done
 
 

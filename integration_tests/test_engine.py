@@ -29,7 +29,7 @@ def test_greedy_tokens_and_logprobs_match_vllm_cpu_backend(engine_run, model):
         for step_a, step_b, tok in zip(a["logprobs"], b["logprobs"], a["tokens"]):
             got.append(step_a[str(tok)])
             want.append(step_b[str(tok)])
-    # fp32 end to end: the whole model's logprobs within the fp32 bound of DESIGN.md.
+    # fp32 end to end: the whole model's logprobs within the fp32 bound of docs/design.md.
     assert_close(torch.tensor(got), torch.tensor(want), torch.float32, what=f"{model} logprobs")
 
 

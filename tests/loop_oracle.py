@@ -1,4 +1,4 @@
-"""An element-by-element implementation of DESIGN.md in plain Python floats.
+"""An element-by-element implementation of docs/design.md in plain Python floats.
 
 Deliberately shares no code with atom_backend.reference: it loops over sequences, heads,
 queries and keys, and evaluates each rule with `math`, so the vectorised reference can be

@@ -2,7 +2,7 @@
 
 Balanced: the splits of one (kv head, row block, request) claim 16-key slices from a shared
 counter, so partial s covers whatever slices its CTA took (16-bit KV; FP8 keeps fixed ranges);
-the combined answer must still be the reference's, for every DESIGN.md case. In-kernel combine:
+the combined answer must still be the reference's, for every docs/design.md case. In-kernel combine:
 the last CTA of each group combines, so the counters (which the kernel leaves at zero) decide
 correctness across launches and CUDA-graph replays.
 """

@@ -1,6 +1,6 @@
 """hip_kernels.decode (split-KV decode over the paged cache) against atom_backend.reference.
 
-GPU tests (-m gpu) cover every must-have case of DESIGN.md plus the decode-specific ones (FP8
+GPU tests (-m gpu) cover every must-have case of docs/design.md plus the decode-specific ones (FP8
 page transitions with differing scales, pages in random order, the last page of a pool over
 4 GiB, contexts of 1 token and of exactly one page, splits 1 vs many, CUDA-graph replay).
 CPU tests cover the launch-time validation, the page-division magic numbers and the variant list.
@@ -84,7 +84,7 @@ def make_batch(seqs, hq, hk, d, bs, *, dtype=torch.bfloat16, kv="16", layout="vl
             # index_copy_ has no fp8 kernel: copy the bytes
             c.view(torch.uint8).index_copy_(0, idx, vals.to(kv_dtype).view(torch.uint8))
     scales = {}
-    # V scales keep |v| ~ 1, so that bf16 rounding of the output stays inside DESIGN.md's
+    # V scales keep |v| ~ 1, so that bf16 rounding of the output stays inside docs/design.md's
     # max-abs bound; K scales vary widely.
     if kv == "fp8_tensor":
         scales = {"k_scale": 0.37, "v_scale": 0.3}
@@ -179,7 +179,7 @@ def run_decode(batch, num_splits, sinks=None, max_query_len=None, **attn):
 
 
 def combine_in_torch(o_part, lse_part, sinks):
-    """The DESIGN.md combine, in torch: isolates the split kernel from hip_kernels.combine."""
+    """The docs/design.md combine, in torch: isolates the split kernel from hip_kernels.combine."""
     o, lse = ref.combine_splits(o_part.double().cpu(), lse_part.double().cpu())
     return ref.apply_sinks(o, lse, None if sinks is None else sinks.double().cpu()), lse
 
@@ -252,7 +252,7 @@ def _run_case(name, num_splits):
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("name", list(CASES))
 def test_split_kernel_vs_reference(name, num_splits):
-    """The split kernel's partials, combined by the DESIGN.md formula, match the reference."""
+    """The split kernel's partials, combined by the docs/design.md formula, match the reference."""
     batch, sinks, attn, o_ref, lse_ref = _run_case(name, num_splits)
     o_part, lse_part = run_partials(batch, num_splits, **attn)
     torch.cuda.synchronize()
@@ -521,7 +521,7 @@ def test_plan_checks_every_call_a_layout_cannot_show():
 
 @pytest.mark.gpu
 def test_partials_keep_fixed_ranges_where_balancing_would_pay():
-    """splitkv_partials is DESIGN.md's fixed split ranges even on a grid where splitkv_decode
+    """splitkv_partials is docs/design.md's fixed split ranges even on a grid where splitkv_decode
     would balance: bitwise equal to an explicitly unbalanced plan."""
     b = make_batch([(1, 2048)] * 64, 32, 8, 128, 16, seed=12)
     assert decode.balance_pays(b["q"], b["k_cache"], b["cu_q"], 4, 1)

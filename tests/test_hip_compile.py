@@ -58,7 +58,7 @@ def cache(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("modname", list(all_variants.kernel_modules()))
-def test_all_variants_compile(modname, arch, cache, capsys):
+def test_all_variants_compile(modname, arch, cache):
     variants = all_variants.kernel_modules()[modname].variants()
     assert variants, f"hip_kernels.{modname}.variants() is empty"
     assert len(set(variants)) == len(variants), "duplicate variants"
@@ -77,14 +77,9 @@ def test_all_variants_compile(modname, arch, cache, capsys):
             spilled.append(f"{v.name}: {use}")
             if _must_not_spill(modname, v, arch):
                 fatal.append(spilled[-1])
-    with capsys.disabled():
-        print(f"\n[{arch}] hip_kernels.{modname}: {len(variants)} variants, max registers {max(regs)}, "
-              f"spilling: {spilled or 'none'}")
-    assert not fatal, f"spills on {arch}:\n" + "\n".join(fatal)
-    if spilled:
-        import warnings
-
-        warnings.warn(f"{modname} spills on {arch}: " + "; ".join(spilled))
+    # Spills the variant table accepts (_must_not_spill) pass quietly; `python -m
+    # hip_kernels.variants --arch A` prints every variant's registers and spills.
+    assert not fatal, f"spills on {arch} (max registers {max(regs)}):\n" + "\n".join(fatal)
 
 
 CAPS_SRC = r"""

@@ -135,7 +135,7 @@ def test_gather_fp8_dequant(scale_mode, out_dtype, layout, ps, lens):
     gather_kv(k_cache, v_cache, cu_t, cu[-1], out_dtype=out_dtype, k_out=k_out, v_out=v_out, **tables, **scales)
     torch.cuda.synchronize()
     rk, rv, _ = ref.gather_pages(k_cache.cpu(), v_cache.cpu(), pages, lens, **rscales)
-    # DESIGN.md's absolute bound is meant for attention outputs (|o| of order 1); dequantised
+    # docs/design.md's absolute bound is meant for attention outputs (|o| of order 1); dequantised
     # keys reach ~|20| where one bf16 ulp is 0.125. A gather must instead return exactly the
     # reference's fp32 product rounded once to out_dtype, which is stricter than any bound.
     assert not torch.isnan(k_out).any() and not torch.isnan(v_out).any(), "unwritten rows"

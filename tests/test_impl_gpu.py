@@ -1,7 +1,7 @@
 """The impl's GPU routes (hip split-KV decode + combine, hip gather + varlen prefill, Triton
 unified) through the real builder and impl, against atom_backend.reference.
 
-The GPU machine has no vLLM (TOOLCHAINS.md), so when vLLM is missing this module installs a
+The GPU machine has no vLLM (docs/toolchains.md), so when vLLM is missing this module installs a
 minimal stand-in for the few vLLM names our modules import (base classes and enums); every
 line of atom_backend that runs here is the production code. Run: pytest -m gpu tests/test_impl_gpu.py
 """

@@ -8,7 +8,7 @@ checks its lane layouts, key order, scales and softmax against the reference.
 
 GPU tests (-m gpu): page sizes 1 / 16 / 1024, per-tensor and per-page scales with a jump of 2^3
 between adjacent pages, vLLM and SGLang page tables, permuted pages including the pool's last, a
-pool over 4 GiB, rising logits (the lazy reference max), the must-have attention cases of DESIGN.md,
+pool over 4 GiB, rising logits (the lazy reference max), the must-have attention cases of docs/design.md,
 head dim 64 (portable). CPU tests: the layout constants the kernels and the gather share, routing,
 plan-time errors, the FP8 MFMA in the gfx942 / gfx950 code objects.
 """

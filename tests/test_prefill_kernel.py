@@ -1,6 +1,6 @@
 """hip_kernels.prefill (varlen prefill over packed KV) against atom_backend.reference.
 
-GPU tests (-m gpu) cover every must-have case of DESIGN.md that applies to packed KV: sq == sk,
+GPU tests (-m gpu) cover every must-have case of docs/design.md that applies to packed KV: sq == sk,
 prefix hits (sq < sk) and sq == 1 rows inside a prefill batch, GQA ratios 1/4/8 and MQA, windows
 smaller than / equal to / larger than sk, StreamingLLM sink tokens 0/1/8, per-head sink logits,
 soft-cap, empty sequences, lengths on and one past a KV tile boundary, non-causal, head dims
@@ -393,7 +393,7 @@ def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():
 
 def test_no_keys_at_all_gives_zero_rows_without_a_launch():
     # Every request has sk = 0 (a packed K/V of no rows: nothing to build a tensor map from):
-    # every row is fully masked, o = 0 and lse = -inf (DESIGN.md), decided on the host.
+    # every row is fully masked, o = 0 and lse = -inf (docs/design.md), decided on the host.
     q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
     k = torch.empty(0, 2, 64, dtype=torch.bfloat16)
     cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.zeros(3, dtype=torch.int32)

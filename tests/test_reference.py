@@ -1,4 +1,4 @@
-"""atom_backend.reference against the element-by-element loop oracle (DESIGN.md must-haves)."""
+"""atom_backend.reference against the element-by-element loop oracle (docs/design.md must-haves)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _compare(q, k, v, cu_q, cu_k, **opts):
     return o, lse
 
 
-# Every must-have case of DESIGN.md, by name: (seqs [(sq, sk)], hq, hk, opts)
+# Every must-have case of docs/design.md, by name: (seqs [(sq, sk)], hq, hk, opts)
 MUST_HAVE = {
     "sq_eq_sk": ([(7, 7), (3, 3)], 2, 2, {}),
     "prefix_hit_sq_lt_sk": ([(3, 11), (5, 9)], 2, 2, {}),

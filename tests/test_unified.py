@@ -4,7 +4,7 @@ The kernels run under Triton's interpreter, which is a property of the whole pro
 fixes it at import), so a plain ``pytest`` run executes this file's cases in a child process with
 TRITON_INTERPRET=1 (one test, ``test_interpreter_suite``); other test files are not affected.
 ``TRITON_INTERPRET=1 pytest tests/test_unified.py`` runs the cases in-process with their ids.
-Inputs are fp16/fp32: bf16 dots are wrong under the interpreter (TOOLCHAINS.md); bf16 is
+Inputs are fp16/fp32: bf16 dots are wrong under the interpreter (docs/toolchains.md); bf16 is
 proven by tests/test_unified_gpu.py.
 """
 
@@ -77,7 +77,7 @@ def make_batch(seqs, hq, hk, d, page, *, dtype=torch.float16, kv="same", gen=Non
     else:
         kc = torch.randn(nb, page, hk, d, generator=gen).to(cache_dt)
         vc = torch.randn(nb, page, hk, d, generator=gen).to(cache_dt)
-    # Scales stay <= 1.25 so outputs stay O(1): DESIGN.md's bf16 max-abs bound (2e-2) is absolute,
+    # Scales stay <= 1.25 so outputs stay O(1): docs/design.md's bf16 max-abs bound (2e-2) is absolute,
     # and a bf16 output above 8 is rounded by up to 3e-2 on its own.
     scales = {}
     if kv == "fp8_tensor":
@@ -117,7 +117,7 @@ def check_batch(B: Batch, dtype, *, splits=(3,), config=None, **opts):
         assert_lse_close(lse, rl, bound_dt, f"paged_decode(splits={s}) lse")
 
 
-# --- cases: every DESIGN.md must-have, by name ---------------------------------------------
+# --- cases: every docs/design.md must-have, by name ---------------------------------------------
 # name: (seqs [(sq, sk)], hq, hk, d, page, opts, extra) ; extra: dtype / kv / config / joint
 CASES = {
     "sq_eq_sk": ([(40, 40), (7, 7)], 4, 2, 32, 16, {}, {}),

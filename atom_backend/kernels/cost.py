@@ -2,7 +2,7 @@
 path, from a per-arch calibration table (``python -m bench.calibrate``). Torch-free.
 
 Per layer, for a request with n new and c cached tokens (work = visible (query, key) pairs x
-query heads x head dim, DESIGN.md's FLOP count over 4):
+query heads x head dim, docs/design.md's FLOP count over 4):
 
     varlen  = (n + c) x (cache bytes + packed bytes per token) / gather bandwidth
               + work / varlen_rate(n, c)

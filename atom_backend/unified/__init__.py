@@ -2,7 +2,7 @@
 
 ``paged_attention`` handles prefill, prefix hits, decode and mixed batches in one launch;
 ``paged_decode`` is its split-KV variant for few query tokens over long contexts (fp32
-partials, then a Triton combine that applies sinks once). Semantics: ../shared/DESIGN.md.
+partials, then a Triton combine that applies sinks once). Semantics: docs/design.md.
 CPU tensors run the same kernels under Triton's interpreter (tests); CUDA tensors compile.
 """
 

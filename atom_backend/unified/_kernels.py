@@ -1,6 +1,6 @@
 """Triton kernels of the unified path: attention straight over the paged KV cache.
 
-Semantics are ../../shared/DESIGN.md's. This file is loaded twice at most by ``api.py``: once
+Semantics are docs/design.md's. This file is loaded twice at most by ``api.py``: once
 compiled for GPUs and once under Triton's interpreter (CPU tensors), so nothing here may read
 global state at import time except ``triton``.
 
@@ -329,7 +329,7 @@ def combine_kernel(
     NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
-    """DESIGN.md's combine for one (token, head): -inf splits weigh 0; sinks once, after."""
+    """docs/design.md's combine for one (token, head): -inf splits weigh 0; sinks once, after."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)

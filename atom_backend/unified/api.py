@@ -254,7 +254,7 @@ def _check_out(out, q, what="out"):
 def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_seqlen_q, scale=None,
                     causal=True, window=0, sink_tokens=0, sinks=None, softcap=0.0, k_scale=None, v_scale=None,
                     k_descale=None, v_descale=None, out=None, return_lse=False, max_seqlen_k=None, _config=None):
-    """Attention of packed varlen queries over the vLLM paged KV cache (DESIGN.md semantics).
+    """Attention of packed varlen queries over the vLLM paged KV cache (docs/design.md semantics).
 
     q [total_q, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D] (fp16/bf16 = q's dtype, or
     FP8 e4m3 with per-tensor k_scale/v_scale or per-page k_descale/v_descale [num_blocks, Hk]);
@@ -322,7 +322,7 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
                  softcap=0.0, k_scale=None, v_scale=None, k_descale=None, v_descale=None, out=None, return_lse=False,
                  max_seqlen_k=None, return_partials=False, _config=None):
     """Split-KV paged attention: each of ``num_splits`` contiguous key ranges (ceil(sk / S) keys,
-    as in DESIGN.md) writes fp32 partials o[S, T, Hq, D] and lse[S, T, Hq]; a Triton combine
+    as in docs/design.md) writes fp32 partials o[S, T, Hq, D] and lse[S, T, Hq]; a Triton combine
     merges them and applies sinks once. ``workspace``: None, a flat float32 tensor of at least
     ``decode_workspace_numel(...)`` elements, or a pair (o_partial, lse_partial); preallocate it
     for CUDA graphs. ``return_partials`` also returns the two partial views (tests).

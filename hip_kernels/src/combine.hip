@@ -1,4 +1,4 @@
-// Split-KV combine (DESIGN.md "Split-KV"): fp32 partials -> o in the output dtype, optional lse.
+// Split-KV combine (docs/design.md "Split-KV"): fp32 partials -> o in the output dtype, optional lse.
 //
 //   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) * o_s
 // Splits with lse_s = -inf weigh 0; all -inf gives o = 0, lse = -inf. Sinks (optional, per head,

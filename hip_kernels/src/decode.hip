@@ -1,4 +1,4 @@
-// Split-KV decode over the paged KV cache (DESIGN.md, "Split-KV (decode)").
+// Split-KV decode over the paged KV cache (docs/design.md, "Split-KV (decode)").
 //
 // One CTA = (kv head g, row block rb) x request b x split s, grid (hk * row_blocks, batch, splits).
 // A row is one (query token, query head of g) pair: every query head of a kv head and every

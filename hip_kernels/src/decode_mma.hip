@@ -1,4 +1,4 @@
-// Split-KV decode over the paged KV cache on tensor cores (DESIGN.md, "Split-KV (decode)").
+// Split-KV decode over the paged KV cache on tensor cores (docs/design.md, "Split-KV (decode)").
 //
 // Same contract, grid and split rule as decode.hip (the CUDA-core kernel): one CTA = (kv head g,
 // row block rb) x request b x split s, grid (hk * row_blocks, batch, splits); split s covers keys
@@ -277,7 +277,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int pos0 = sk - sq;
   const int lo = window > 0 ? imax(0, pos0 - window + 1) : 0;
   const int main_len = sk > lo ? sk - lo : 0;
-  // Splits of this request: ns = atom::request_splits (the planner's SplitRule), DESIGN.md's
+  // Splits of this request: ns = atom::request_splits (the planner's SplitRule), docs/design.md's
   // ranges of ceil(main_len / ns) keys over ns (the last may be short). num_splits is the grid's
   // bound, sized for the longest context a launch may see (a CUDA graph keeps it); a shorter
   // request leaves splits ns.. idle. An idle split returns at once: with the combine kernel to
@@ -735,7 +735,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     // Completion count of the group (the splits of this kv head, row block and request): its last
     // CTA resets the counters for the next launch (CUDA graphs replay the same buffer; each lane
     // 0's slice claims are performed before its CTA is counted) and, with `out`, combines the
-    // group's partials itself (DESIGN.md's combine, sinks once), so no combine kernel follows.
+    // group's partials itself (docs/design.md's combine, sinks once), so no combine kernel follows.
     // The flag lives in the merge buffer (read by now): a static __shared__ variable cost 7% on
     // every shape, taken or not (session 18).
     int* last = reinterpret_cast<int*>(body);

@@ -1,5 +1,5 @@
 // Pieces every varlen prefill body shares (varlen_prefill.hip, varlen_prefill_hopper.hip): which
-// KV tiles a block of query rows visits and which elements of a tile are visible (DESIGN.md), and
+// KV tiles a block of query rows visits and which elements of a tile are visible (docs/design.md), and
 // exp2 on the FMA pipe. Bodies differ in how they move and multiply tiles, never in these rules.
 #pragma once
 
@@ -35,7 +35,7 @@ struct kv_walk {
   ATOM_DEV int tile(int it) const { return it < n_sink ? it : first + (it - n_sink); }
 };
 
-// Key j is visible from the query at position p (DESIGN.md "Visibility").
+// Key j is visible from the query at position p (docs/design.md "Visibility").
 ATOM_DEV bool visible(int j, int p, int sk, bool causal, int window, int sink_tokens) {
   return j < sk && (!causal || j <= p) && (window <= 0 || j > p - window || j < sink_tokens);
 }

@@ -1,4 +1,4 @@
-// Split-KV combine (DESIGN.md "Split-KV") of one (query token, head) row, 4 consecutive dims, over
+// Split-KV combine (docs/design.md "Split-KV") of one (query token, head) row, 4 consecutive dims, over
 // splits s0, s0 + step, ...: m = max lse_s, sum = sum exp(lse_s - m), acc = sum exp(lse_s - m) o_s.
 // Shared by combine.hip (its thread groups) and decode_mma.hip (the last CTA of a group).
 // One pass with a running max, BATCH splits' lse and o loaded before any is used: a round trip
@@ -47,7 +47,7 @@ ATOM_DEV void combine_splits4(const float* lse, i64 lse_stride, const float* o, 
   }
 }
 
-// DESIGN.md's per-head sink logit, applied once after the combine: o *= sigmoid(lse - sink).
+// docs/design.md's per-head sink logit, applied once after the combine: o *= sigmoid(lse - sink).
 ATOM_DEV float sink_factor(float lse, const float* sinks, i64 h) {
   return sinks != nullptr ? 1.f / (1.f + exp_(sinks[h] - lse)) : 1.f;
 }

@@ -1,4 +1,4 @@
-// Varlen prefill attention over packed KV (DESIGN.md: every visibility rule, sinks, lse).
+// Varlen prefill attention over packed KV (docs/design.md: every visibility rule, sinks, lse).
 //
 // FlashAttention-2 structure on the portable tile layer (atom_mma.h):
 //   CTA = (query head h, work item (request b, q tile t)), grid (hq, work items). NW warps, each

@@ -1,5 +1,5 @@
 // Varlen prefill attention on Hopper (sm_90a): the FlashAttention-3 structure, written for this
-// package. Same semantics as varlen_prefill.hip (DESIGN.md; the tile walk and masks come from
+// package. Same semantics as varlen_prefill.hip (docs/design.md; the tile walk and masks come from
 // prefill_tiles.h), different machinery:
 //
 //   warp specialization  warpgroup 0 is the producer: it gives its registers away (setmaxnreg);
