@@ -138,9 +138,10 @@ class Platform:
     # runs at once. 16-bit KV: 4-warp CTAs, 2 per SM; FP8 KV: 2-warp CTAs, 4 per SM.
     decode_ctas_per_sm: int = 2
     decode_ctas_per_sm_fp8: int = 4
-    # CTAs per SM the splits of a short batch aim for (H100, docs/perf/decode.md session 24): one
-    # 16-bit CTA per SM already streams at the GPU's bandwidth and splits cost a combine, so
-    # 16-bit KV fills one per SM; an FP8 CTA alone does not, FP8 fills all it holds.
+    # CTAs per SM the splits of a short batch aim for: one 16-bit CTA per SM already streams at
+    # the GPU's bandwidth and splits cost a combine, so 16-bit KV fills one per SM; an FP8 CTA
+    # alone does not, FP8 fills all it holds (H100 sweep: docs/perf/decode.md, 2026-11-24, "split
+    # counts from a sweep").
     decode_fill_per_sm: int = 1
     decode_fill_per_sm_fp8: int = 4
 
@@ -354,7 +355,8 @@ def model_fp8_compute_reason(facts: ModelFacts, platform: Platform, config: Plan
     """Why varlen prefill of this model does not compute in FP8 (None: it does). KV_16BIT: the
     cache is not FP8; FORCED: ATOM_FP8_COMPUTE=0; a registry reason (head dim, arch, ...); COST:
     per-page scales on pages of no multiple of 16 keys take a scale per key, measured slower
-    than the dequantizing gather + 16-bit prefill (docs/PERF.md, FP8 compute)."""
+    than the dequantizing gather + 16-bit prefill (docs/fp8.md "What is computed"; H100:
+    docs/perf/prefill.md, 2026-11-25, "FP8 compute")."""
     if not facts.kv_dtype.startswith("fp8"):
         return Reason.KV_16BIT
     if not config.fp8_compute:
@@ -417,8 +419,9 @@ def request_splits(keys: int, num_splits: int, rule: Sequence[int] = ()) -> int:
 
 def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
     """Fewest keys per split. Few requests leave the GPU idle, so short splits still cut their
-    latency; more requests fill it and want longer ones. H100, 8 kv heads (docs/perf/decode.md,
-    sessions 23-24): the best bound was 64 keys at 1-2 requests, 128 at 4-8, 256 from 16:
+    latency; more requests fill it and want longer ones. On H100, 8 kv heads, the best bound
+    measured is 64 keys at 1-2 requests, 128 at 4-8, 256 from 16 (docs/perf/decode.md,
+    2026-11-24, "splits per request on the device" and "split counts from a sweep"):
     64 * isqrt(n), at most min_split_tokens."""
     return max(1, min(config.min_split_tokens, 64 * math.isqrt(max(1, num_decodes))))
 
@@ -444,11 +447,12 @@ def decode_splits(
     rule: SplitRule | None = None,
 ) -> int:
     """The launch's splits S: request_splits of the batch's longest request under the batch's
-    SplitRule, at most `max_splits`. H100 (docs/perf/decode.md, session 24, 110 shapes of 1-96
-    requests x 512-128k keys): +0.54% (bf16) and +0.99% (FP8) over the best measured split
-    count, geomean; +5.8% and +13.9% at worst. One count for the whole batch keeps the grid and
-    the workspace shape fixed (CUDA graphs); each request then uses the count its own length is
-    worth, on the device. `rule`: decode_split_rule of the batch when the caller has it."""
+    SplitRule, at most `max_splits`. H100, 110 shapes of 1-96 requests x 512-128k keys
+    (docs/perf/decode.md, 2026-11-24, "split counts from a sweep"): +0.54% (bf16) and +0.99%
+    (FP8) over the best measured split count, geomean; +5.8% and +13.9% at worst. One count for
+    the whole batch keeps the grid and the workspace shape fixed (CUDA graphs); each request then
+    uses the count its own length is worth, on the device. `rule`: decode_split_rule of the batch
+    when the caller has it."""
     if num_decodes == 0:
         return 1
     if facts.window > 0:  # the split kernels divide the window's keys; sink tokens are not split

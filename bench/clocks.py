@@ -6,9 +6,10 @@ For each bench.prefill shape that has FP8 rows (or --only's), times our bf16 ker
 (per page, per tensor; no gather) back to back for --seconds each while `nvidia-smi` samples the GPU
 every 50 ms, and prints the medians of the samples taken under load with the sustained TFLOP/s.
 Under a power cap (throttle reason `sw_power_cap`), a path's clock is set by its energy per cycle: the
-ratio of two paths' TFLOP/s is then their cycles-per-row ratio times their clock ratio (docs/perf/
-prefill.md, stop 46). --define builds the Hopper kernel with that define too (a timing-only switch, for
-where the energy goes). Needs nvidia-smi (NVIDIA only).
+ratio of two paths' TFLOP/s is then their cycles-per-row ratio times their clock ratio (H100 at 700 W:
+docs/perf/prefill.md, 2026-11-26, "both kernels run at the 700 W power cap"). --define builds the Hopper
+kernel with that define too (a timing-only switch, for where the energy goes). Needs nvidia-smi (NVIDIA
+only).
 """
 
 from __future__ import annotations

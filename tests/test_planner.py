@@ -215,7 +215,8 @@ def test_every_request_routed_once_and_deterministically(reqs, force, facts):
     assert p.decode_path in (Path.SPLITKV, Path.UNIFIED)
 
 
-# H100 (132 SMs, 8 kv heads): docs/perf/decode.md session 24, `bench.decode_profile split_grid`.
+# H100 (132 SMs, 8 kv heads), times from `bench.decode_profile split_grid` (docs/perf/decode.md,
+# 2026-11-24, "split counts from a sweep").
 @pytest.mark.parametrize("batch, ctx, kv, want", [
     (64, 4096, "bf16", 1),        # 512 CTAs: more than one per SM already
     (8, 32768, "bf16", 4),        # fill 2 (128 CTAs) would hold 16k keys each: one wave of 256, 369.5 us
