@@ -456,8 +456,8 @@ def kernel_timer(path: str):
 
 
 def poll() -> int:
-    """Read the sampled device timings that have completed (record_plan does this once per
-    batch). Returns how many are still in flight."""
+    """Read the sampled device timings that have completed (record_plan does this at each
+    planner call). Returns how many are still in flight."""
     return (_impl or _init()).poll()
 
 
