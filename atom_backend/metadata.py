@@ -3,7 +3,8 @@
 ``AtomMetadataBuilder.build()`` runs once per batch (per KV-cache group) for all its layers,
 on the host: lengths come from the CPU copies vLLM keeps (``query_start_loc_cpu``,
 ``seq_lens_cpu_upper_bound``, exact for prefill rows), so nothing waits on the device. It
-calls ``atom_backend.planner.plan`` once, records it in the metrics, logs every request routed
+calls ``atom_backend.planner.plan`` once, records it in the metrics (what it records depends
+on the builder's place among the process's builders: ``Recording roles`` below), logs every request routed
 away from its preferred path at debug level, and builds for each route (split-KV decode,
 varlen, unified) the sub-batch the executors need: the token rows (a slice when contiguous,
 vLLM puts decodes first), cu_seqlens, seq_lens and block-table rows, and for the varlen route
@@ -24,6 +25,17 @@ metadata it was captured with, and a buffer made inside a capture would come fro
 vLLM's graphs share). Eager layers stay cheap too: the decode route's
 ``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by the others
 (docs/perf/decode.md "session 21").
+
+Recording roles: vLLM makes one builder per KV-cache group (gpt-oss: a window group and a full
+one) and builds every group's metadata each step, all for the same scheduled tokens. So that a
+metric counts a step once, the builder holding the process's lowest layer index records the
+step's tokens, and for each layer kind (``layer_kind``) the builder with that kind's lowest layer
+index records the kind's routing series; every builder records the gather's bytes for its own
+layers (real work). Only tensor-parallel rank 0 of the first pipeline stage records tokens and
+routing (the other ranks plan the same batch). Builders made by ``for_model`` without layer
+names record everything, as if alone. The roles are decided at a builder's first build and
+again when the set of live builders changes, never per batch. Capture builds (vLLM's dummy
+runs) and draft builds record nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +43,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import sys
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -243,6 +258,66 @@ def planner_config(vllm_config, env=None) -> PlannerConfig:
     return cfg
 
 
+def layer_kind(facts: ModelFacts) -> str:
+    """The ``layer_kind`` label of a plan's layers: "window" (sliding window), else "sinks" (per-head
+    sink logits), else "full"; "mixed" when a group holds windowed and full layers (gpt-oss with
+    vLLM's hybrid KV-cache allocator off)."""
+    windows = set(facts.layer_windows)
+    if 0 in windows and len(windows) > 1:
+        return "mixed"
+    if facts.window > 0 or windows:
+        return "window"
+    return "sinks" if facts.has_sinks else "full"
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_rank(layer_names) -> tuple[int, str]:
+    """Order of a builder among the process's: its lowest layer index ("model.layers.3.self_attn.attn"
+    -> 3), the name breaking ties, so that two builders of one group (vLLM's microbatches) rank
+    equal and both record their halves of the step."""
+    keys = [(int(m.group(1)) if (m := _LAYER_INDEX.search(n)) else sys.maxsize, n) for n in layer_names]
+    return min(keys) if keys else (sys.maxsize, "")
+
+
+class _Registry:
+    """The process's builders made by vLLM, weakly held; ``version`` changes with the set, so a
+    builder re-decides its roles only then."""
+
+    def __init__(self) -> None:
+        self.builders: weakref.WeakSet = weakref.WeakSet()
+        self.version = 0
+
+    def add(self, b) -> None:
+        self.builders.add(b)
+        weakref.finalize(b, self._changed)
+        self._changed()
+
+    def discard(self, b) -> None:
+        if b in self.builders:
+            self.builders.discard(b)
+            self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+
+
+_REGISTRY = _Registry()
+
+
+def records_here() -> bool:
+    """Whether this process records tokens and routing: tensor-parallel rank 0 of the first pipeline
+    stage (every rank plans the same batch), or any process outside vLLM's distributed setup."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except ImportError:
+        return True
+    if not ps.model_parallel_is_initialized():
+        return True
+    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_pp_group().is_first_rank
+
+
 def _group_layers(vllm_config, layer_names):
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention import Attention
@@ -288,20 +363,23 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
             page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
-        self._setup(device, detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None)
+        self._setup(device, detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None, layer_names)
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
     @classmethod
-    def for_model(cls, facts: ModelFacts, config: PlannerConfig, device, platform=None) -> "AtomMetadataBuilder":
+    def for_model(cls, facts: ModelFacts, config: PlannerConfig, device, platform=None,
+                  layer_names=None) -> "AtomMetadataBuilder":
         """A builder without a vLLM engine (tests, benchmarks): the model's facts and settings
-        given, the platform detected for `device` unless given."""
+        given, the platform detected for `device` unless given. Without ``layer_names`` it records
+        every metric as if alone; with them it takes its recording role among the process's
+        builders like one vLLM made."""
         device = torch.device(device)
         b = object.__new__(cls)
         b.facts, b.config, b.block_size = facts, config, facts.page_size
-        b._setup(device, platform or detect_platform(device), None)
+        b._setup(device, platform or detect_platform(device), None, layer_names)
         return b
 
-    def _setup(self, device, platform, counter_file) -> None:
+    def _setup(self, device, platform, counter_file, layer_names=None) -> None:
         if self.facts.kv_scale_mode == "per_page":
             # LayerParams carries vLLM's per-tensor scales only; a per-page cache would be read with those
             raise _planner.PlanError("the backend's executors take per-tensor KV scales (vLLM's); per-page scales "
@@ -312,6 +390,36 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self._graph_workspaces: list[torch.Tensor] = []
         self._graph_counters: list[torch.Tensor] = []
         self._counter_file = counter_file
+        self.layer_kind = layer_kind(self.facts)
+        self._num_layers = len(layer_names) if layer_names else 1
+        self._rank = layer_rank(layer_names or ())
+        self._registered = bool(layer_names)
+        self._drafter = False
+        self._roles = (-1, True, True)  # (registry version, records the step, records its kind's routing)
+        if self._registered:
+            _REGISTRY.add(self)
+
+    # -- recording roles ----------------------------------------------------------------
+    def _decide_roles(self) -> tuple[int, bool, bool]:
+        version = _REGISTRY.version
+        if not self._registered:
+            roles = (version, True, True)
+        elif self._drafter or not records_here():
+            roles = (version, False, False)
+        else:
+            live = list(_REGISTRY.builders)
+            step = self._rank <= min(b._rank for b in live)
+            routing = self._rank <= min(b._rank for b in live if b.layer_kind == self.layer_kind)
+            roles = (version, step, routing)
+        self._roles = roles
+        return roles
+
+    def _record(self, p: Plan, seconds: float) -> None:
+        roles = self._roles
+        if roles[0] != _REGISTRY.version:
+            roles = self._decide_roles()
+        _metrics.record_plan(p, seconds, layer_kind=self.layer_kind, step=roles[1], routing=roles[2],
+                             layers=self._num_layers)
 
     # -- host lengths ------------------------------------------------------------------
     def _host_seq_lens(self, cm: CommonAttentionMetadata) -> np.ndarray:
@@ -335,7 +443,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         graph will replay (``max_seq_len``), the route's tensors checked to be views of vLLM's
         persistent buffers, a builder-owned workspace."""
         cm = common_attn_metadata
-        md = self._build(cm, split_context=int(cm.max_seq_len))
+        # vLLM's dummy runs (capture, FULL-graph warm-up) come here: no user's tokens, nothing recorded.
+        md = self._build(cm, split_context=int(cm.max_seq_len), record=False)
         r = md.decode
         if r is None or md.varlen is not None or md.unified is not None or int(r.reqs[0]) != 0:
             raise RuntimeError("atom: a CUDA graph is captured for a batch of decodes only (vLLM's uniform decode); "
@@ -359,7 +468,16 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
                                                                            r.max_seqlen_q), torch.int32, dev)
         return md
 
-    def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None) -> AtomMetadata:
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata, draft_index: int) -> AtomMetadata:
+        """A draft model's batch: planned like any, recorded nowhere (the verification step counts
+        the drafted tokens). A builder that drafts leaves the recording roles to the target's."""
+        if not self._drafter:
+            self._drafter = True
+            _REGISTRY.discard(self)
+        return self._build(common_attn_metadata, record=False)
+
+    def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None,
+               record: bool = True) -> AtomMetadata:
         n = cm.num_reqs
         qsl = np.asarray(cm.query_start_loc_cpu[: n + 1].numpy(), dtype=np.int64)
         new = np.diff(qsl)
@@ -370,8 +488,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             self.platform = without_failed_kernels(self.platform)
         p = plan(new, cached, self.facts, self.platform, self.config)
         dt = time.perf_counter() - t0
-        if _metrics is not None:
-            _metrics.record_plan(p, dt)
+        if record and _metrics is not None:
+            self._record(p, dt)
         self._log_routes(p, new, cached)
 
         decode_kernel = "torch" if self.on_cpu else ("hip" if p.decode_path == Path.SPLITKV else "triton")

@@ -3,10 +3,17 @@ and a sampled device time per path. Every name is documented in docs/metrics.md.
 
 Callers use only the four module functions (team contract):
 
-    metrics.record_plan(plan, seconds)              # once per batch, in the metadata builder
+    metrics.record_plan(plan, seconds, layer_kind=..., step=..., routing=..., layers=...)
+                                                    # every planned batch, in the metadata builder
     metrics.record_fallback(reason, path)           # a run-time fallback (also logged)
     metrics.record_compile(kernel, seconds, cache_hit)
     with metrics.kernel_timer(path): ...            # around a kernel launch
+
+vLLM plans one batch per KV-cache group per engine step (a gpt-oss model has a window group and a
+full one), so the builder says what each call stands for: ``step`` (this call counts the step's
+tokens: one builder per process does), ``routing`` (this call counts the routing series of its
+``layer_kind``: one builder per kind does), ``layers`` (the layers this plan serves: the gather
+runs once per layer). docs/metrics.md states the unit of every series.
 
 Environment (read on the first call, not at import):
 - ``ATOM_METRICS=0`` disables every update; each call is then a attribute lookup and a return.
@@ -158,28 +165,37 @@ class Metrics:
         self._free: list = []
         self._rand = random.random
 
-        self.batches = Counter(
-            "atom_batches", "Batches with at least one request on this phase and path", ["phase", "path"], registry=reg
-        )
         self.tokens = Counter(
-            "atom_tokens", "New query tokens planned, by phase and path", ["phase", "path"], registry=reg
+            "atom_tokens", "New query tokens scheduled, once per engine step, by the planner's phase", ["phase"],
+            registry=reg,
+        )
+        self.batches = Counter(
+            "atom_batches", "Engine steps with at least one request on this phase and path, per layer kind",
+            ["phase", "path", "layer_kind"], registry=reg,
+        )
+        self.routed_tokens = Counter(
+            "atom_routed_tokens", "New query tokens routed, once per engine step per layer kind, by phase and path",
+            ["phase", "path", "layer_kind"], registry=reg,
         )
         self.requests = Counter(
             "atom_routed_requests",
-            "Requests routed, by phase, path and the planner's reason",
-            ["phase", "path", "reason"],
+            "Requests routed, once per engine step per layer kind, by phase, path and the planner's reason",
+            ["phase", "path", "reason", "layer_kind"],
             registry=reg,
         )
         self.gathered_bytes = Counter(
-            "atom_gathered_bytes", "Bytes written into packed K and V by the varlen gather", registry=reg
+            "atom_gathered_bytes", "Bytes written into packed K and V by the varlen gather, summed over layers",
+            ["layer_kind"], registry=reg,
         )
         self.gathered_tokens = Counter(
-            "atom_gathered_tokens", "Keys (cached + new) gathered into packed K and V", registry=reg
+            "atom_gathered_tokens", "Keys (cached + new) packed by the varlen gather, counted once per layer",
+            ["layer_kind"], registry=reg,
         )
         self.varlen_compute = Counter(
             "atom_varlen_compute_requests",
-            "Varlen prefill requests by compute precision (fp8: FP8 cache computed in FP8; 16bit) and why",
-            ["compute", "reason"],
+            "Varlen prefill requests by compute precision (fp8: FP8 cache computed in FP8; 16bit) and why, "
+            "once per engine step per layer kind",
+            ["compute", "reason", "layer_kind"],
             registry=reg,
         )
         self.fallbacks = Counter(
@@ -197,7 +213,8 @@ class Metrics:
             registry=reg,
         )
         self.planner_seconds = Histogram(
-            "atom_planner_seconds", "Host time of one planner call", buckets=PLANNER_BUCKETS, registry=reg
+            "atom_planner_seconds", "Host time of one planner call (one per KV-cache group per engine step)",
+            buckets=PLANNER_BUCKETS, registry=reg,
         )
         self.kernel_seconds = Histogram(
             "atom_kernel_seconds",
@@ -207,63 +224,44 @@ class Metrics:
             registry=reg,
         )
         self.decode_splits = Histogram(
-            "atom_decode_num_splits", "Split-KV splits per decode batch", buckets=SPLIT_BUCKETS, registry=reg
+            "atom_decode_num_splits", "Split-KV splits of a decode batch, once per engine step per layer kind",
+            ["layer_kind"], buckets=SPLIT_BUCKETS, registry=reg,
         )
 
         # Label lookups take a lock and hash the tuple; resolve the fixed ones once. Creating
         # them also exports zeros from the start, so rate() works from the first increment.
-        self._batch = {pp: self.batches.labels(*pp) for pp in PHASE_PATHS}
-        self._tok = {pp: self.tokens.labels(*pp) for pp in PHASE_PATHS}
-        self._req: dict = {}
-        self._vc: dict = {}
+        self._tok_prefill = self.tokens.labels("prefill")
+        self._tok_decode = self.tokens.labels("decode")
+        self._kinds: dict[str, _KindSeries] = {}
         self._ktime: dict = {}
-        self._gbytes = self.gathered_bytes
-        self._gtok = self.gathered_tokens
 
     # -- record_plan -------------------------------------------------------------------
-    def _req_child(self, phase: str, path: str, reason: Any):
-        key = (phase, path, reason)
-        child = self._req.get(key)
-        if child is None:
-            child = self._req[key] = self.requests.labels(phase, path, getattr(reason, "value", reason))
-        return child
+    def _kind(self, layer_kind: str) -> "_KindSeries":
+        k = self._kinds.get(layer_kind)
+        if k is None:
+            k = self._kinds[layer_kind] = _KindSeries(self, layer_kind)
+        return k
 
-    def record_plan(self, plan: Any, seconds: float) -> None:
+    def record_plan(self, plan: Any, seconds: float, *, layer_kind: str = "full", step: bool = True,
+                    routing: bool = True, layers: int = 1) -> None:
         self.planner_seconds.observe(seconds)
-        n = len(plan.decode)
-        if n:
-            path = getattr(plan.decode_path, "value", plan.decode_path)
-            self._batch["decode", path].inc()
-            self._tok["decode", path].inc(plan.decode_tokens)
-            self._req_child("decode", path, plan.decode_reason).inc(n)
-            if path == "splitkv":
-                self.decode_splits.observe(plan.num_splits)
-        n = len(plan.varlen)
-        if n:
-            self._batch["prefill", "varlen"].inc()
-            self._tok["prefill", "varlen"].inc(plan.varlen_tokens)
-            self._req_child("prefill", "varlen", getattr(plan, "varlen_reason", "preferred")).inc(n)
-            self._gbytes.inc(plan.gather_bytes)
-            self._gtok.inc(plan.gather_tokens)
-            fp8 = getattr(plan, "varlen_fp8", False)
-            why = getattr(plan, "varlen_compute_reason", "preferred")
-            key = ("fp8" if fp8 else "16bit", getattr(why, "value", why))
-            child = self._vc.get(key)
-            if child is None:
-                child = self._vc[key] = self.varlen_compute.labels(*key)
-            child.inc(n)
-        if len(plan.unified):
-            self._batch["prefill", "unified"].inc()
-            self._tok["prefill", "unified"].inc(plan.unified_tokens)
-            reasons = plan.unified_reasons
-            first = reasons[0]
-            if reasons.count(first) == len(reasons):  # the usual case: one reason for the batch
-                self._req_child("prefill", "unified", first).inc(len(reasons))
-            else:
-                for r in set(reasons):
-                    self._req_child("prefill", "unified", r).inc(reasons.count(r))
+        kind = self._kind(layer_kind)
+        if step:
+            self._record_step(plan)
+        if routing:
+            kind.record_routing(plan)
+        if layers and len(plan.varlen):
+            kind.gbytes.inc(plan.gather_bytes * layers)
+            kind.gtok.inc(plan.gather_tokens * layers)
         if self._pending:
             self.poll()
+
+    def _record_step(self, plan: Any) -> None:
+        prefill = plan.varlen_tokens + plan.unified_tokens
+        if prefill:
+            self._tok_prefill.inc(prefill)
+        if plan.decode_tokens:
+            self._tok_decode.inc(plan.decode_tokens)
 
     # -- fallbacks and compiles --------------------------------------------------------
     def record_fallback(self, reason: str, path: str) -> None:
@@ -318,6 +316,61 @@ class Metrics:
         return len(pending)
 
 
+class _KindSeries:
+    """The children of one layer kind's series, resolved once: the hot path then only
+    increments (the four phase/path combinations exist from the kind's first plan, at 0)."""
+
+    def __init__(self, m: Metrics, kind: str) -> None:
+        self._m, self.kind = m, kind
+        self.batch = {pp: m.batches.labels(*pp, kind) for pp in PHASE_PATHS}
+        self.tok = {pp: m.routed_tokens.labels(*pp, kind) for pp in PHASE_PATHS}
+        self.req: dict = {}
+        self.vc: dict = {}
+        self.gbytes = m.gathered_bytes.labels(kind)
+        self.gtok = m.gathered_tokens.labels(kind)
+        self.splits = m.decode_splits.labels(kind)
+
+    def _req_child(self, phase: str, path: str, reason: Any):
+        key = (phase, path, reason)
+        child = self.req.get(key)
+        if child is None:
+            child = self.req[key] = self._m.requests.labels(phase, path, getattr(reason, "value", reason), self.kind)
+        return child
+
+    def _vc_child(self, fp8: bool, why: Any):
+        key = ("fp8" if fp8 else "16bit", getattr(why, "value", why))
+        child = self.vc.get(key)
+        if child is None:
+            child = self.vc[key] = self._m.varlen_compute.labels(*key, self.kind)
+        return child
+
+    def record_routing(self, plan: Any) -> None:
+        n = len(plan.decode)
+        if n:
+            path = getattr(plan.decode_path, "value", plan.decode_path)
+            self.batch["decode", path].inc()
+            self.tok["decode", path].inc(plan.decode_tokens)
+            self._req_child("decode", path, plan.decode_reason).inc(n)
+            if path == "splitkv":
+                self.splits.observe(plan.num_splits)
+        n = len(plan.varlen)
+        if n:
+            self.batch["prefill", "varlen"].inc()
+            self.tok["prefill", "varlen"].inc(plan.varlen_tokens)
+            self._req_child("prefill", "varlen", getattr(plan, "varlen_reason", "preferred")).inc(n)
+            self._vc_child(getattr(plan, "varlen_fp8", False), getattr(plan, "varlen_compute_reason", "preferred")).inc(n)
+        if len(plan.unified):
+            self.batch["prefill", "unified"].inc()
+            self.tok["prefill", "unified"].inc(plan.unified_tokens)
+            reasons = plan.unified_reasons
+            first = reasons[0]
+            if reasons.count(first) == len(reasons):  # the usual case: one reason for the batch
+                self._req_child("prefill", "unified", first).inc(len(reasons))
+            else:
+                for r in set(reasons):
+                    self._req_child("prefill", "unified", r).inc(reasons.count(r))
+
+
 def _cuda_usable() -> bool:
     try:
         import torch
@@ -331,7 +384,7 @@ class _Disabled:
 
     sample_rate = 0.0
 
-    def record_plan(self, plan, seconds) -> None:
+    def record_plan(self, plan, seconds, *, layer_kind="full", step=True, routing=True, layers=1) -> None:
         pass
 
     def record_fallback(self, reason, path) -> None:
@@ -367,10 +420,14 @@ def _init() -> Metrics | _Disabled:
     return _impl
 
 
-def record_plan(plan: Any, seconds: float) -> None:
-    """Count one planned batch: batches, tokens and requests by phase/path/reason, gathered
-    bytes, decode splits and the planner's host time in seconds."""
-    (_impl or _init()).record_plan(plan, seconds)
+def record_plan(plan: Any, seconds: float, *, layer_kind: str = "full", step: bool = True, routing: bool = True,
+                layers: int = 1) -> None:
+    """Record one planner call: its host time in seconds, always; with ``step``, the step's new
+    query tokens by phase (atom_tokens); with ``routing``, the routing series of ``layer_kind``
+    (batches, routed tokens and requests by phase/path/reason, varlen compute, decode splits);
+    the gather's bytes and keys times ``layers``, the layers the plan serves. The defaults are
+    a plan standing alone: one layer kind, one layer."""
+    (_impl or _init()).record_plan(plan, seconds, layer_kind=layer_kind, step=step, routing=routing, layers=layers)
 
 
 def record_fallback(reason: str, path: str) -> None:
@@ -399,8 +456,8 @@ def kernel_timer(path: str):
 
 
 def poll() -> int:
-    """Read the sampled device timings that have completed (record_plan does this once per
-    batch). Returns how many are still in flight."""
+    """Read the sampled device timings that have completed (record_plan does this at each
+    planner call). Returns how many are still in flight."""
     return (_impl or _init()).poll()
 
 

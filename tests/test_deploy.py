@@ -113,11 +113,30 @@ def test_dashboard_queries_only_metrics_we_export():
     assert referenced, exprs
     assert referenced <= live, f"queried but never exported: {sorted(referenced - live)}"
     # Each thing the issue asks the dashboard to show is queried.
-    for needed in ("atom_batches_total", "atom_routed_requests_total", "atom_gathered_bytes_total",
-                   "atom_varlen_compute_requests_total",
+    for needed in ("atom_tokens_total", "atom_batches_total", "atom_routed_tokens_total", "atom_routed_requests_total",
+                   "atom_gathered_bytes_total", "atom_varlen_compute_requests_total",
                    "atom_kernel_seconds_bucket", "atom_decode_num_splits_bucket", "atom_kernel_compiles_total"):
         assert needed in referenced
     assert any(e.startswith("histogram_quantile(0.99") and "atom_kernel_seconds_bucket" in e for e in exprs)
+
+
+def test_dashboard_never_adds_layer_kinds_together():
+    """Each layer kind plans the same step: a routing panel summing kinds would count it twice.
+    Every query of a series with the layer_kind label keeps it, and the routing row repeats per kind."""
+    dash = json.loads(DASHBOARD.read_text())
+    kind_series = {"atom_batches_total", "atom_routed_tokens_total", "atom_routed_requests_total",
+                   "atom_varlen_compute_requests_total", "atom_gathered_bytes_total", "atom_gathered_tokens_total",
+                   "atom_decode_num_splits_bucket", "atom_decode_num_splits_sum", "atom_decode_num_splits_count"}
+    checked = 0
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            if promql_metric_names(t["expr"]) & kind_series:
+                groups = re.findall(r"\bby\s*\(([^)]*)\)", t["expr"])
+                assert groups and all("layer_kind" in g for g in groups), t["expr"]
+                checked += 1
+    assert checked >= 6
+    rows = [p for p in dash["panels"] if p["type"] == "row" and p.get("repeat") == "layer_kind"]
+    assert len(rows) == 1 and "layer_kind" in {v["name"] for v in dash["templating"]["list"]}
 
 
 def test_dashboard_matches_grafana_sdk_model():

@@ -49,16 +49,19 @@ def test_record_plan_counts_every_route():
 
     assert _value(reg, "atom_planner_seconds_count") == len(plans)
     assert _value(reg, "atom_planner_seconds_sum") == pytest.approx(2e-5 * len(plans))
-    assert _value(reg, "atom_gathered_bytes_total") == sum(p.gather_bytes for p in plans) > 0
-    assert _value(reg, "atom_gathered_tokens_total") == sum(p.gather_tokens for p in plans)
+    full = {"layer_kind": "full"}  # a plan standing alone: one kind, one layer
+    assert _value(reg, "atom_gathered_bytes_total", **full) == sum(p.gather_bytes for p in plans) > 0
+    assert _value(reg, "atom_gathered_tokens_total", **full) == sum(p.gather_tokens for p in plans)
     for phase, path, idx, tok in (
         ("prefill", "varlen", "varlen", "varlen_tokens"),
         ("prefill", "unified", "unified", "unified_tokens"),
         ("decode", "splitkv", "decode", "decode_tokens"),
     ):
-        assert _value(reg, "atom_batches_total", phase=phase, path=path) == sum(len(getattr(p, idx)) > 0 for p in plans)
-        assert _value(reg, "atom_tokens_total", phase=phase, path=path) == sum(getattr(p, tok) for p in plans)
-    assert _value(reg, "atom_batches_total", phase="decode", path="unified") == 0
+        assert _value(reg, "atom_batches_total", phase=phase, path=path, **full) == sum(len(getattr(p, idx)) > 0 for p in plans)
+        assert _value(reg, "atom_routed_tokens_total", phase=phase, path=path, **full) == sum(getattr(p, tok) for p in plans)
+    assert _value(reg, "atom_batches_total", phase="decode", path="unified", **full) == 0
+    assert _value(reg, "atom_tokens_total", phase="prefill") == sum(p.varlen_tokens + p.unified_tokens for p in plans)
+    assert _value(reg, "atom_tokens_total", phase="decode") == sum(p.decode_tokens for p in plans)
 
     want: dict = {}
     for p in plans:
@@ -69,12 +72,12 @@ def test_record_plan_counts_every_route():
     got = {
         (s.labels["phase"], s.labels["path"], s.labels["reason"]): s.value
         for fam in reg.collect() if fam.name == "atom_routed_requests"
-        for s in fam.samples if s.name.endswith("_total")
+        for s in fam.samples if s.name.endswith("_total") and s.labels["layer_kind"] == "full"
     }
     assert got == want
     assert {r for _, _, r in got} >= {"preferred", "small_prefill", "gather_cost"}
-    assert _value(reg, "atom_decode_num_splits_count") == sum(len(p.decode) > 0 for p in plans)
-    assert _value(reg, "atom_decode_num_splits_sum") == sum(p.num_splits for p in plans if len(p.decode))
+    assert _value(reg, "atom_decode_num_splits_count", **full) == sum(len(p.decode) > 0 for p in plans)
+    assert _value(reg, "atom_decode_num_splits_sum", **full) == sum(p.num_splits for p in plans if len(p.decode))
 
 
 def test_model_level_reasons_label_decode_and_prefill():
@@ -83,11 +86,12 @@ def test_model_level_reasons_label_decode_and_prefill():
     facts = ModelFacts(num_q_heads=8, num_kv_heads=8, head_dim=96)  # no kernel takes d96
     p = plan([1, 1, 300, 5], [40, 70, 10, 3], facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
     m.record_plan(p, 1e-5)
-    assert _value(reg, "atom_routed_requests_total", phase="decode", path="unified", reason="unsupported_head_dim") == 2
-    assert _value(reg, "atom_routed_requests_total", phase="prefill", path="unified", reason="unsupported_head_dim") == 2
-    assert _value(reg, "atom_batches_total", phase="decode", path="unified") == 1
-    assert _value(reg, "atom_decode_num_splits_count") == 0  # no split-KV launch happened
-    assert _value(reg, "atom_gathered_bytes_total") == 0
+    full = {"layer_kind": "full"}
+    assert _value(reg, "atom_routed_requests_total", phase="decode", path="unified", reason="unsupported_head_dim", **full) == 2
+    assert _value(reg, "atom_routed_requests_total", phase="prefill", path="unified", reason="unsupported_head_dim", **full) == 2
+    assert _value(reg, "atom_batches_total", phase="decode", path="unified", **full) == 1
+    assert _value(reg, "atom_decode_num_splits_count", **full) == 0  # no split-KV launch happened
+    assert _value(reg, "atom_gathered_bytes_total", **full) == 0
 
 
 def test_fallbacks_compiles_and_logging(monkeypatch, caplog):
@@ -215,7 +219,8 @@ WORKER = """
     metrics.record_compile("gather", 0.5, cache_hit=False)
     with metrics.kernel_timer("varlen"):
         pass
-    print(json.dumps(dict(varlen_tokens=p.varlen_tokens, gather_bytes=p.gather_bytes, decode_tokens=p.decode_tokens)))
+    print(json.dumps(dict(varlen_tokens=p.varlen_tokens, prefill_tokens=p.varlen_tokens + p.unified_tokens,
+                          gather_bytes=p.gather_bytes, decode_tokens=p.decode_tokens)))
 """
 
 
@@ -244,9 +249,11 @@ def test_multiprocess_values_reach_another_process(tmp_path):
         {"PROMETHEUS_MULTIPROC_DIR": str(mp)},
     )
     got = _families(text)
-    assert got['atom_tokens_total{"path": "varlen", "phase": "prefill"}'] == a["varlen_tokens"] + b["varlen_tokens"]
-    assert got['atom_tokens_total{"path": "splitkv", "phase": "decode"}'] == a["decode_tokens"] + b["decode_tokens"]
-    assert got["atom_gathered_bytes_total{}"] == a["gather_bytes"] + b["gather_bytes"] > 0
+    assert got['atom_tokens_total{"phase": "prefill"}'] == a["prefill_tokens"] + b["prefill_tokens"]
+    assert got['atom_tokens_total{"phase": "decode"}'] == a["decode_tokens"] + b["decode_tokens"]
+    varlen = '{"layer_kind": "full", "path": "varlen", "phase": "prefill"}'
+    assert got["atom_routed_tokens_total" + varlen] == a["varlen_tokens"] + b["varlen_tokens"]
+    assert got['atom_gathered_bytes_total{"layer_kind": "full"}'] == a["gather_bytes"] + b["gather_bytes"] > 0
     assert got['atom_kernel_compiles_total{"kernel": "gather"}'] == 2
     assert got["atom_planner_seconds_count{}"] == 2
     assert got['atom_kernel_seconds_count{"path": "varlen"}'] == 2
@@ -274,7 +281,7 @@ def test_vllm_metrics_endpoint_registry_includes_worker_values(tmp_path):
         timeout=120,
     )
     got = _families(text)
-    assert got['atom_tokens_total{"path": "varlen", "phase": "prefill"}'] == w["varlen_tokens"] == 64
+    assert got['atom_tokens_total{"phase": "prefill"}'] == w["prefill_tokens"] == 64
 
 
 def test_disabled_is_a_no_op():
@@ -342,7 +349,143 @@ def test_varlen_compute_precision_is_counted():
     m.record_plan(plan([2048], [0], fp8, h100, PlannerConfig(fp8_compute=False)), 1e-5)
     m.record_plan(plan([300, 2000], [0, 100], fp8, h100, PlannerConfig(fp8_compute_max_keys=1024)), 1e-5)  # past it
     m.record_plan(plan([512], [0], _replace(fp8, kv_dtype="bf16", kv_scale_mode="none"), h100, PlannerConfig()), 1e-5)
-    assert _value(reg, "atom_varlen_compute_requests_total", compute="fp8", reason="preferred") == 2
-    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="forced_by_config") == 1
-    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="fp8_long_context") == 2
-    assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="kv_cache_16bit") == 1
+    vc = "atom_varlen_compute_requests_total"
+    assert _value(reg, vc, compute="fp8", reason="preferred", layer_kind="full") == 2
+    assert _value(reg, vc, compute="16bit", reason="forced_by_config", layer_kind="full") == 1
+    assert _value(reg, vc, compute="16bit", reason="fp8_long_context", layer_kind="full") == 2
+    assert _value(reg, vc, compute="16bit", reason="kv_cache_16bit", layer_kind="full") == 1
+
+
+# -- who records: a batch vLLM plans once per KV-cache group ---------------------------------
+
+def _common_metadata(new, cached, page=16):
+    """vLLM's per-step batch description, as much of it as the builder reads (host tensors)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    total = [n + c for n, c in zip(new, cached)]
+    width = max(-(-t // page) for t in total)
+    qsl = torch.zeros(len(new) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(new), 0)
+    seq_lens = torch.tensor(total, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens, num_reqs=len(new),
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(new), max_seq_len=int(seq_lens.max()),
+        block_table_tensor=torch.arange(len(new) * width, dtype=torch.int32).reshape(len(new), width),
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64), seq_lens_cpu_upper_bound=seq_lens.clone())
+
+
+def _layers(*idx):
+    return [f"model.layers.{i}.self_attn.attn" for i in idx]
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The module functions on a private registry, and no builder of another test alive."""
+    import gc
+
+    pytest.importorskip("vllm")
+    gc.collect()
+    reg = CollectorRegistry()
+    monkeypatch.setattr(metrics, "_impl", Metrics(reg, sample_rate=0.0))
+    return reg
+
+
+def test_a_batch_planned_by_several_groups_counts_its_tokens_once(recorded):
+    from dataclasses import replace as _replace
+
+    from atom_backend.metadata import AtomMetadataBuilder
+
+    reg = recorded
+    sinks = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=32, has_sinks=True, page_size=16)
+    window = _replace(sinks, window=32)
+    # gpt-oss as vLLM groups it (window layers 0, 2, full ones 1, 3), plus a second window group
+    # as Gemma-3 has (layers 4, 6): each plans the same step.
+    builders = [AtomMetadataBuilder.for_model(f, PlannerConfig(), "cpu", layer_names=names) for f, names in (
+        (sinks, _layers(1, 3)), (window, _layers(0, 2)), (window, _layers(4, 6)))]
+    cm = _common_metadata(new=[1, 1, 40, 5], cached=[30, 100, 64, 0])
+    plans = [b.build(0, cm).plan for b in builders]
+    p = plans[1]
+    assert p.decode_tokens == 2 and p.varlen_tokens == 40 and p.unified_tokens == 5 and p.gather_bytes > 0
+
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 45
+    assert _value(reg, "atom_tokens_total", phase="decode") == 2
+    assert _value(reg, "atom_planner_seconds_count") == 3  # one per planner call
+    for kind in ("window", "sinks"):
+        assert _value(reg, "atom_batches_total", phase="prefill", path="varlen", layer_kind=kind) == 1
+        assert _value(reg, "atom_routed_tokens_total", phase="prefill", path="varlen", layer_kind=kind) == 40
+        assert _value(reg, "atom_routed_tokens_total", phase="prefill", path="unified", layer_kind=kind) == 5
+        assert _value(reg, "atom_routed_requests_total", phase="decode", path="splitkv", reason="preferred",
+                      layer_kind=kind) == 2
+        assert _value(reg, "atom_varlen_compute_requests_total", compute="16bit", reason="kv_cache_16bit",
+                      layer_kind=kind) == 1
+    assert _value(reg, "atom_batches_total", phase="prefill", path="varlen", layer_kind="full") == 0
+    # the gather really runs in every layer: 4 window layers, 2 full ones
+    assert _value(reg, "atom_gathered_bytes_total", layer_kind="window") == 4 * p.gather_bytes
+    assert _value(reg, "atom_gathered_bytes_total", layer_kind="sinks") == 2 * plans[0].gather_bytes
+    assert _value(reg, "atom_gathered_tokens_total", layer_kind="window") == 4 * p.gather_tokens
+
+    # The step recorder gone (a model unloaded), the next lowest builder takes its role.
+    del builders[1]
+    builders[0].build(0, cm)
+    builders[1].build(0, cm)
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 90
+    assert _value(reg, "atom_routed_tokens_total", phase="prefill", path="varlen", layer_kind="window") == 80
+
+
+def test_capture_and_draft_builds_record_nothing(recorded):
+    from atom_backend.metadata import AtomMetadataBuilder
+
+    reg = recorded
+    facts = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16)
+    b = AtomMetadataBuilder.for_model(facts, PlannerConfig(), "cpu", layer_names=_layers(0, 1))
+    md = b.build_for_cudagraph_capture(_common_metadata(new=[1, 1, 1], cached=[0, 0, 0]))
+    assert md.decode is not None and len(md.decode.reqs) == 3
+    drafter = AtomMetadataBuilder.for_model(facts, PlannerConfig(), "cpu", layer_names=_layers(2))
+    drafter.build_for_drafting(_common_metadata(new=[3], cached=[20]), draft_index=0)
+    sample_names = {s.name for fam in reg.collect() for s in fam.samples if s.value and not s.name.endswith("_created")}
+    assert not {n for n in sample_names if n.startswith("atom_")}, sample_names
+
+    # a draft-only builder with the lowest layer index does not keep the target's step role
+    drafter = AtomMetadataBuilder.for_model(facts, PlannerConfig(), "cpu", layer_names=["draft.layers.0.attn"])
+    drafter.build_for_drafting(_common_metadata(new=[2], cached=[20]), draft_index=0)
+    b.build(0, _common_metadata(new=[9], cached=[0]))
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 9
+
+
+def test_only_the_first_tensor_parallel_rank_of_the_first_stage_counts_tokens(recorded, monkeypatch):
+    import types
+
+    from vllm.distributed import parallel_state as ps
+
+    from atom_backend.metadata import AtomMetadataBuilder
+
+    reg = recorded
+    rank = {"tp": 1, "first_stage": True}
+    monkeypatch.setattr(ps, "model_parallel_is_initialized", lambda: True)
+    monkeypatch.setattr(ps, "get_tensor_model_parallel_rank", lambda: rank["tp"])
+    monkeypatch.setattr(ps, "get_pp_group", lambda: types.SimpleNamespace(is_first_rank=rank["first_stage"]))
+    facts = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16)
+    cm = _common_metadata(new=[40, 1], cached=[64, 10])
+
+    def step() -> int:
+        """One step of a fresh engine in this process; its plan's gather bytes."""
+        b = AtomMetadataBuilder.for_model(facts, PlannerConfig(), "cpu", layer_names=_layers(0, 1))
+        return b.build(0, cm).plan.gather_bytes
+
+    gather = step()
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 0
+    assert _value(reg, "atom_routed_tokens_total", phase="prefill", path="varlen", layer_kind="full") == 0
+    # the rank's own work still shows: its planner call and the bytes its layers gather
+    assert _value(reg, "atom_planner_seconds_count") == 1
+    assert _value(reg, "atom_gathered_bytes_total", layer_kind="full") == 2 * gather
+
+    rank.update(tp=0, first_stage=False)
+    step()
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 0
+
+    rank.update(tp=0, first_stage=True)
+    step()
+    assert _value(reg, "atom_tokens_total", phase="prefill") == 40
+    assert _value(reg, "atom_tokens_total", phase="decode") == 1
+    assert _value(reg, "atom_routed_tokens_total", phase="prefill", path="varlen", layer_kind="full") == 40

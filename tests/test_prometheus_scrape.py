@@ -36,14 +36,17 @@ from atom_backend.kernels import platform_for
 facts = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64)
 p = plan([256, 1, 1, 1, 4, 9], [0, 300, 2000, 40, 10, 64 * 9 + 1], facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
 for _ in range(3):
-    metrics.record_plan(p, 2e-5)
+    metrics.record_plan(p, 2e-5)  # a model of one layer kind, one layer
+    # the same steps planned by a second KV-cache group (window layers) of two layers
+    metrics.record_plan(p, 2e-5, layer_kind="window", step=False, layers=2)
 metrics.record_fallback("kernel_unavailable", "unified")
 metrics.record_compile("decode", 0.8, cache_hit=False)
 metrics.record_compile("gather", 0.01, cache_hit=True)
 for path in ("varlen", "splitkv", "unified"):
     with metrics.kernel_timer(path):
         sum(range(2000))
-print(json.dumps(dict(varlen_tokens=p.varlen_tokens, gather_bytes=p.gather_bytes, num_splits=p.num_splits)))
+print(json.dumps(dict(varlen_tokens=p.varlen_tokens, prefill_tokens=p.varlen_tokens + p.unified_tokens,
+                      gather_bytes=p.gather_bytes, num_splits=p.num_splits)))
 """
 
 # The API server side: serves the multiprocess directory until killed, and keeps recording
@@ -155,15 +158,18 @@ def one(res: dict) -> float:
 def test_scraped_series_carry_worker_values(prometheus):
     q, w = prometheus["query"], prometheus["worker"]
     assert one(q(f'up{{job="{prometheus["job"]}"}}')) == 1
-    assert one(q('atom_tokens_total{phase="prefill", path="varlen"}')) == 3 * w["varlen_tokens"]
-    assert one(q("atom_gathered_bytes_total")) == 3 * w["gather_bytes"] > 0
-    assert one(q('atom_routed_requests_total{phase="decode", path="splitkv", reason="preferred"}')) == 3 * 3
-    assert one(q('atom_routed_requests_total{phase="prefill", path="unified", reason="small_prefill"}')) == 3
-    assert one(q('atom_routed_requests_total{phase="prefill", path="unified", reason="gather_cost"}')) == 3
+    assert one(q('atom_tokens_total{phase="prefill"}')) == 3 * w["prefill_tokens"]  # once per step
+    for kind in ("full", "window"):
+        assert one(q(f'atom_routed_tokens_total{{phase="prefill", path="varlen", layer_kind="{kind}"}}')) == 3 * w["varlen_tokens"]
+        assert one(q(f'atom_routed_requests_total{{phase="decode", path="splitkv", reason="preferred", layer_kind="{kind}"}}')) == 3 * 3
+        assert one(q(f'atom_routed_requests_total{{phase="prefill", path="unified", reason="small_prefill", layer_kind="{kind}"}}')) == 3
+        assert one(q(f'atom_routed_requests_total{{phase="prefill", path="unified", reason="gather_cost", layer_kind="{kind}"}}')) == 3
+        assert one(q(f'atom_decode_num_splits_count{{layer_kind="{kind}"}}')) == 3
+        assert one(q(f'atom_decode_num_splits_sum{{layer_kind="{kind}"}}')) == 3 * w["num_splits"]
+    assert one(q('atom_gathered_bytes_total{layer_kind="full"}')) == 3 * w["gather_bytes"] > 0
+    assert one(q('atom_gathered_bytes_total{layer_kind="window"}')) == 3 * 2 * w["gather_bytes"]
     assert one(q('atom_fallbacks_total{reason="kernel_unavailable", path="unified"}')) == 1
     assert one(q('atom_kernel_compiles_total{kernel="decode"}')) == 1
-    assert one(q("atom_decode_num_splits_count")) == 3
-    assert one(q("atom_decode_num_splits_sum")) == 3 * w["num_splits"]
     for path in ("varlen", "splitkv", "unified"):
         assert one(q(f'atom_kernel_seconds_count{{path="{path}"}}')) == 1
     # The label set the deployment's scrape job adds.
@@ -177,9 +183,13 @@ def test_every_dashboard_query_runs(prometheus):
     assert exprs
     for expr in exprs:
         e = expr.replace("$__rate_interval", "30s").replace('instance=~"$instance"', 'instance=~".*"')
+        e = e.replace('layer_kind=~"$layer_kind"', 'layer_kind=~".*"')
         res = prometheus["query"](e)
         assert res["status"] == "success", (expr, res)
         assert res["data"]["result"], f"no series for {expr}"
     # Grafana's variable query returns our exporter's instance.
     res = get_json(prometheus["base"] + "/api/v1/label/instance/values?" + urllib.parse.urlencode({"match[]": "atom_planner_seconds_count"}))
     assert len(res["data"]) == 1 and res["data"][0].startswith("127.0.0.1:")
+    # ... and the layer_kind variable's query the kinds its routing row repeats over.
+    res = get_json(prometheus["base"] + "/api/v1/label/layer_kind/values?" + urllib.parse.urlencode({"match[]": "atom_batches_total"}))
+    assert res["data"] == ["full", "window"]

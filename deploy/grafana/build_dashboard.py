@@ -33,11 +33,11 @@ def q(expr: str, legend: str, ref: str) -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
 
 
-def quantiles(metric: str, by: str, legend_prefix: str) -> list[prometheus.Dataquery]:
+def quantiles(metric: str, by: str, legend_prefix: str, sel: str = SEL) -> list[prometheus.Dataquery]:
     group = f"le, {by}" if by else "le"
     return [
         q(
-            f"histogram_quantile({p}, sum by ({group}) (rate({metric}_bucket{{{SEL}}}[{RI}])))",
+            f"histogram_quantile({p}, sum by ({group}) (rate({metric}_bucket{{{sel}}}[{RI}])))",
             f"{legend_prefix}p{int(p * 100)}",
             chr(ord("A") + i),
         )
@@ -66,9 +66,18 @@ def panel(title: str, unit: str, queries, description: str, stack: bool = False,
     return p
 
 
+def kind_sel() -> str:
+    return f'{SEL}, layer_kind=~"$layer_kind"'
+
+
+def rate_by(metric: str, by: str, sel: str = SEL) -> str:
+    return f"sum by ({by}) (rate({metric}{{{sel}}}[{RI}]))"
+
+
 def build() -> dict:
     global _ids
     _ids = iter(range(1, 1000))
+    ks = kind_sel()
     d = (
         db.Dashboard("atom-backend")
         .uid("atom-backend")
@@ -87,38 +96,54 @@ def build() -> dict:
             .all_value(".*")
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
         )
-        .with_row(db.Row("Routing").id(next(_ids)))
+        # Hybrid models (gpt-oss, Gemma-3) plan each step once per layer kind, and the plans can
+        # differ: the routing row repeats per kind instead of adding kinds together.
+        .with_variable(
+            db.QueryVariable("layer_kind")
+            .label("layer kind")
+            .datasource(DS)
+            .query(f"label_values(atom_batches_total{{{SEL}}}, layer_kind)")
+            .multi(True)
+            .include_all(True)
+            .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))  # one row per kind
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+        .with_row(db.Row("Traffic").id(next(_ids)))
         .with_panel(panel(
-            "Batches by path", "reqps",
-            [q(f"sum by (phase, path) (rate(atom_batches_total{{{SEL}}}[{RI}]))", "{{phase}} {{path}}", "A")],
-            "Batches per second with at least one request on each phase and path.",
-        ))
-        .with_panel(panel(
-            "Query tokens by path", "short",
-            [q(f"sum by (phase, path) (rate(atom_tokens_total{{{SEL}}}[{RI}]))", "{{phase}} {{path}}", "A")],
-            "New query tokens per second, by phase and path.", stack=True,
-        ))
-        .with_panel(panel(
-            "Routing reasons", "reqps",
-            [q(f"sum by (phase, path, reason) (rate(atom_routed_requests_total{{{SEL}}}[{RI}]))",
-               "{{phase}} {{path}}: {{reason}}", "A")],
-            "Requests per second by the planner's reason (preferred, small_prefill, gather_cost, unsupported_*, ...).",
-            stack=True,
+            "Query tokens by phase", "short",
+            [q(rate_by("atom_tokens_total", "phase"), "{{phase}}", "A")],
+            "New query tokens scheduled per second, counted once per engine step whatever the number of "
+            "KV-cache groups. Over a window, the sum equals vLLM's prompt tokens - cached prompt tokens + "
+            "generated tokens - requests (docs/metrics.md).", stack=True,
         ))
         .with_panel(panel(
             "Run-time fallbacks", "short",
             [q(f"sum by (reason, path) (increase(atom_fallbacks_total{{{SEL}}}[{RI}]))", "{{path}}: {{reason}}", "A")],
             "Fallbacks taken at run time (e.g. a kernel failed to load); should stay at zero.", bars=True,
         ))
-        .with_row(db.Row("Gather and decode").id(next(_ids)))
+        .with_row(db.Row("Routing: $layer_kind layers").id(next(_ids)).repeat("layer_kind"))
         .with_panel(panel(
-            "Gather bandwidth", "Bps",
-            [q(f"sum(rate(atom_gathered_bytes_total{{{SEL}}}[{RI}]))", "bytes written into packed K/V", "A")],
-            "Bytes per second the varlen gather writes into packed K and V (reads are about the same for bf16 KV).",
+            "Steps by path ($layer_kind)", "short",
+            [q(rate_by("atom_batches_total", "layer_kind, phase, path", ks), "{{phase}} {{path}}", "A")],
+            "Engine steps per second with at least one request on each phase and path, in the layers of this kind.",
         ))
         .with_panel(panel(
-            "Varlen prefill compute precision", "reqps",
-            [q(f"sum by (compute, reason) (rate(atom_varlen_compute_requests_total{{{SEL}}}[{RI}]))",
+            "Routed tokens by path ($layer_kind)", "short",
+            [q(rate_by("atom_routed_tokens_total", "layer_kind, phase, path", ks), "{{phase}} {{path}}", "A")],
+            "New query tokens per second by the path the layers of this kind run them on (each step once).",
+            stack=True,
+        ))
+        .with_panel(panel(
+            "Routing reasons ($layer_kind)", "reqps",
+            [q(rate_by("atom_routed_requests_total", "layer_kind, phase, path, reason", ks),
+               "{{phase}} {{path}}: {{reason}}", "A")],
+            "Requests per second by the planner's reason (preferred, small_prefill, gather_cost, unsupported_*, ...), "
+            "each request once per step in the layers of this kind.",
+            stack=True,
+        ))
+        .with_panel(panel(
+            "Varlen prefill compute precision ($layer_kind)", "reqps",
+            [q(rate_by("atom_varlen_compute_requests_total", "layer_kind, compute, reason", ks),
                "{{compute}}: {{reason}}", "A")],
             "Varlen prefill requests computed in FP8 (FP8 cache, e4m3 tensor cores) or 16 bits, with the "
             "reason when an FP8 cache is not computed in FP8 (forced_by_config: ATOM_FP8_COMPUTE=0; "
@@ -127,13 +152,20 @@ def build() -> dict:
             stack=True,
         ))
         .with_panel(panel(
-            "Decode split count", "short",
-            quantiles("atom_decode_num_splits", "", "")
-            + [q(f"sum(rate(atom_decode_num_splits_sum{{{SEL}}}[{RI}])) / sum(rate(atom_decode_num_splits_count{{{SEL}}}[{RI}]))",
-                 "mean", "D")],
-            "Split-KV splits per decode batch (quantiles are bucket upper bounds: powers of two).",
+            "Decode split count ($layer_kind)", "short",
+            quantiles("atom_decode_num_splits", "layer_kind", "", ks)
+            + [q(f"sum by (layer_kind) (rate(atom_decode_num_splits_sum{{{ks}}}[{RI}])) / "
+                 f"sum by (layer_kind) (rate(atom_decode_num_splits_count{{{ks}}}[{RI}]))", "mean", "D")],
+            "Split-KV splits of a step's decode batch (quantiles are bucket upper bounds: powers of two).",
         ))
-        .with_row(db.Row("Latency").id(next(_ids)))
+        .with_row(db.Row("Gather and latency").id(next(_ids)))
+        .with_panel(panel(
+            "Gather bandwidth", "Bps",
+            [q(rate_by("atom_gathered_bytes_total", "layer_kind"), "{{layer_kind}} layers", "A")],
+            "Bytes per second the varlen gather writes into packed K and V, summed over the layers (and "
+            "tensor-parallel ranks) that gather: the stack's top is the real write traffic.",
+            stack=True,
+        ))
         .with_panel(panel(
             "Kernel latency by path (sampled)", "s",
             quantiles("atom_kernel_seconds", "path", "{{path}} "),
@@ -142,7 +174,7 @@ def build() -> dict:
         .with_panel(panel(
             "Planner time", "s",
             quantiles("atom_planner_seconds", "", ""),
-            "Host time of one planner call (once per batch).",
+            "Host time of one planner call (one per KV-cache group per engine step).",
         ))
         .with_row(db.Row("Kernels").id(next(_ids)))
         .with_panel(panel(
