@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from atom_backend import reference as ref
-from atom_backend.planner import ModelFacts, PlannerConfig, Platform, plan
+from atom_backend.planning import ModelFacts, PlannerConfig, Platform, plan
 
 GPT_OSS = ModelFacts(num_q_heads=64, num_kv_heads=8, head_dim=64, has_sinks=True, window=128, page_size=16)
 LLAMA = ModelFacts(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16)
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     ap.add_argument("--platform", choices=["h100", "cpu-no-kernels"], default="h100")
     ap.add_argument("--no-compute", action="store_true")
     args = ap.parse_args(argv)
-    from atom_backend.kernels import platform_for
+    from atom_backend.catalog import platform_for
 
     platform = (platform_for("sm_90a", use_tables=False) if args.platform == "h100"
                 else Platform(vendor="cpu", varlen_kernel=False, splitkv_kernel=False))

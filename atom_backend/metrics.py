@@ -54,7 +54,7 @@ SPLIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_PENDING_EVENTS = 1024
 
 def _enabled_from_env() -> bool:
-    from atom_backend.planner import env_flag
+    from atom_backend.planning import env_flag
 
     return env_flag(os.environ, "ATOM_METRICS", True)
 

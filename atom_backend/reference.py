@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_backend.planner import request_splits
+from atom_backend.planning import split_ranges
 
 NEG_INF = float("-inf")
 
@@ -256,15 +256,6 @@ def paged_attention(
 
 
 # --- Split-KV (decode) --------------------------------------------------------------------
-
-
-def split_ranges(sk: int, num_splits: int, split_rule=()) -> list[tuple[int, int]]:
-    """Contiguous key ranges of ceil(sk / n) keys, n = num_splits; trailing splits may be short or
-    empty. With a split rule (planner.SplitRule) n = planner.request_splits(sk, num_splits,
-    split_rule): num_splits is then an upper bound (a CUDA graph's grid), splits n.. are empty."""
-    n = request_splits(sk, num_splits, split_rule)
-    per = -(-sk // n) if sk else 0
-    return [(min(s * per, sk), min((s + 1) * per, sk)) for s in range(num_splits)]
 
 
 def split_kv_partials(

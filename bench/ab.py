@@ -87,7 +87,7 @@ def main(argv=None):
 
     import torch
 
-    from atom_backend.kernels import tuning
+    from atom_backend.catalog import tuning
     from bench import prefill as bp
     from bench.common import bench_ms, device_name, hopper_tables
     from hip_kernels import prefill

@@ -1,5 +1,5 @@
 """`python -m bench.calibrate`: measure the prefill cost model's inputs on this GPU and write
-``atom_backend/tables/cost_<arch>.json`` (atom_backend/kernels/cost.py reads it).
+``atom_backend/catalog/tables/cost_<arch>.json`` (atom_backend/planning/cost.py reads it).
 
     PYTHONPATH=. python -m bench.calibrate [--quick] [--out DIR]
 
@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", help="directory for cost_<arch>.json (default: atom_backend/tables)")
     ap.add_argument("--json", help="also write the raw table here")
     args = ap.parse_args(argv)
-    from atom_backend.kernels import tables, tuning
+    from atom_backend.catalog import tables, tuning
     from hip_kernels import runtime
 
     arch = runtime.device_arch()

@@ -104,7 +104,7 @@ def main() -> None:
 
     import torch
 
-    from atom_backend.kernels import tuning
+    from atom_backend.catalog import tuning
     from bench import prefill as bp
     from bench.common import device_name, hopper_tables, parse_defines
     from hip_kernels import prefill

@@ -22,8 +22,8 @@ import json
 
 import torch
 
-from atom_backend.kernels import platform_for
-from atom_backend.planner import ModelFacts, PlannerConfig, decode_splits
+from atom_backend.catalog import platform_for
+from atom_backend.planning import ModelFacts, PlannerConfig, decode_splits
 from hip_kernels import decode
 
 HQ, HK, D, BS = 32, 8, 128, 16

@@ -23,7 +23,7 @@ import torch
 
 from bench.decode import (HK, HQ, D, SHAPES, bench_ms, build, copy_bandwidth, facts_for, kv_bytes, platform_here,
                           run_ours, sdpa_fns)
-from atom_backend.planner import PlannerConfig, decode_split_rule, decode_splits
+from atom_backend.planning import PlannerConfig, decode_split_rule, decode_splits
 
 
 # Short case names of the diagnostics -> bench.decode.build's KV kinds.

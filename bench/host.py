@@ -66,10 +66,10 @@ def main(argv=None) -> list[dict]:
     _vllm.install()
     import types
 
-    from atom_backend import executors
-    from atom_backend.impl import AtomAttentionImpl
-    from atom_backend.metadata import AtomMetadataBuilder
-    from atom_backend.planner import ModelFacts, PlannerConfig
+    from atom_backend.execution import routes as executors
+    from atom_backend.vllm.impl import AtomAttentionImpl
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
+    from atom_backend.planning import ModelFacts, PlannerConfig
     from bench.calibrate import cu, paged
     from hip_kernels import decode
     from vllm.v1.attention.backend import CommonAttentionMetadata

@@ -13,8 +13,8 @@ import timeit
 
 import numpy as np
 
-from atom_backend.planner import ModelFacts, PlannerConfig, plan
-from atom_backend.kernels import platform_for
+from atom_backend.planning import ModelFacts, PlannerConfig, plan
+from atom_backend.catalog import platform_for
 
 
 def batch(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -34,7 +34,7 @@ def main(argv=None) -> None:
     platform, config = platform_for("sm_90a", use_tables=False), PlannerConfig()
     costed = platform_for("sm_90a")  # the committed H100 cost table: cost routing
     if costed.cost is None:
-        raise SystemExit("no cost table for sm_90 (atom_backend/tables/cost_sm_90.json)")
+        raise SystemExit("no cost table for sm_90 (atom_backend/catalog/tables/cost_sm_90.json)")
     facts_c = ModelFacts(64, 8, 64, has_sinks=True, window=0, layer_windows=(0, 128))
     rng = np.random.default_rng(0)
     print(f"{'requests':>8} {'arrays us':>10} {'lists us':>9} {'cost us':>8}")

@@ -102,9 +102,10 @@ def main(argv=None) -> dict:
     from bench import _vllm
 
     _vllm.install()
-    from atom_backend import executors
-    from atom_backend.metadata import AtomMetadataBuilder, detect_platform
-    from atom_backend.planner import ModelFacts, PlannerConfig
+    from atom_backend.execution import routes as executors
+    from atom_backend.execution.health import detect_platform
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
+    from atom_backend.planning import ModelFacts, PlannerConfig
     from bench.calibrate import cu, paged
     from vllm.v1.attention.backend import CommonAttentionMetadata
 

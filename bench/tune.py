@@ -1,5 +1,5 @@
 """`python -m bench.tune`: time the candidate tile configurations of every kernel that has more
-than one, over a shape grid, and write ``atom_backend/tables/tuning_<arch>.json``.
+than one, over a shape grid, and write ``atom_backend/catalog/tables/tuning_<arch>.json``.
 
     PYTHONPATH=. python -m bench.tune [--quick] [--out DIR]
 
@@ -13,7 +13,7 @@ with its error and skipped), checked against the declared default's output on th
 shape of its class; the winner has the least total time, and replaces the declared default
 only when it is at least ``MIN_GAIN`` (3%) faster (run-to-run noise on H100 is 1-3%: a table
 must not churn tiles on noise). The registry applies the table at run
-time (atom_backend/kernels/tuning.py); an arch without one keeps the declared defaults.
+time (atom_backend/catalog/tuning.py); an arch without one keeps the declared defaults.
 
 --quick: head dim 64 only, one shape per class (GPU smoke test). Full run: about a minute on H100.
 """
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="directory for tuning_<arch>.json (default: atom_backend/tables)")
     args = ap.parse_args(argv)
-    from atom_backend.kernels import build, tables, tuning
+    from atom_backend.catalog import build, tables, tuning
     from bench.prefill import make
     from hip_kernels import prefill, runtime
 

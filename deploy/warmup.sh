@@ -14,8 +14,8 @@ for a in "$@"; do args="$args --arch $a"; done
 
 has() { "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$1') else 1)" 2>/dev/null; }
 
-if has atom_backend.kernels; then
-    cmd="$PY -m atom_backend.kernels build$args"
+if has atom_backend.catalog; then
+    cmd="$PY -m atom_backend.catalog build$args"
     [ -n "${ATOM_WARMUP_MODEL:-}" ] && cmd="$cmd --model $ATOM_WARMUP_MODEL"
     [ -n "${ATOM_WARMUP_ARGS:-}" ] && cmd="$cmd $ATOM_WARMUP_ARGS"
 elif has hip_kernels.variants; then

@@ -19,7 +19,7 @@ kv_page_indices[kv_indptr[b] + j // block_size] (SGLang).
 Split s of a request covers keys [lo + s*per, lo + (s+1)*per) of its visible range [lo, sk), where
 lo is the first key the window lets the first query token see (0 without a window) and
 per = ceil((sk - lo) / num_splits); split 0 also takes the StreamingLLM sink tokens below lo.
-Without a window this is `reference.split_ranges`. Empty splits write lse = -inf, o = 0.
+Without a window this is `planning.split_ranges`. Empty splits write lse = -inf, o = 0.
 `split_rule` (the backend passes its planner's SplitRule: six ints, min keys per split, fill
 target, long-split keys, CTAs per split, resident CTAs, wave fill %; empty = off): a request of
 L = sk - lo visible keys splits over ns = atom::request_splits(L, num_splits, ...) splits
@@ -669,7 +669,7 @@ def splitkv_decode(
 _CTAS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}
 # The tensor-core kernel at head_dim 128, by KV bytes per element: 16-bit KV runs 4 warps of ~200
 # registers (2 CTAs per SM), FP8 2 warps (4 per SM). The planner mirrors it
-# (atom_backend.planner.Platform.decode_ctas_per_sm / decode_ctas_per_sm_fp8).
+# (atom_backend.planning.Platform.decode_ctas_per_sm / decode_ctas_per_sm_fp8).
 MMA_CTAS_PER_SM = {2: 2, 1: 4}
 
 

@@ -58,15 +58,16 @@ def main() -> None:
     out = {"batch": run(batch), "first": run([first])[0]}
     state = {}
     try:
-        from atom_backend import metadata as md
+        from atom_backend.vllm import metadata as md
 
         state["before_second"] = len(md.PREFILL_LOG)
     except ImportError:
         pass
     out["second"] = run([second])[0]
     try:
-        from atom_backend import gather, metadata as md
+        from atom_backend.execution import gather
 
+        from atom_backend.vllm import metadata as md
         out["atom"] = {"counters": dict(md.COUNTERS), "gather": dict(gather.STATS),
                        "second_prefills": list(md.PREFILL_LOG)[state.get("before_second", 0):]}
     except ImportError:

@@ -11,8 +11,8 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionType  # noqa:
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
 
-from atom_backend.backend import AtomAttentionBackend  # noqa: E402
-from atom_backend.metadata import AtomMetadataBuilder  # noqa: E402
+from atom_backend.vllm.backend import AtomAttentionBackend  # noqa: E402
+from atom_backend.vllm.metadata import AtomMetadataBuilder  # noqa: E402
 
 
 def _reasons(**kw):
@@ -49,7 +49,7 @@ def test_declarations():
 
 
 def test_plugin_registers_custom():
-    from atom_backend.plugin import BACKEND_PATH, register
+    from atom_backend.vllm.plugin import BACKEND_PATH, register
 
     AttentionBackendEnum.CUSTOM.clear_override()
     try:
@@ -61,7 +61,7 @@ def test_plugin_registers_custom():
 
 
 def test_cpu_platform_honours_custom_only_when_selected():
-    from atom_backend import platform_cpu
+    from atom_backend.vllm import platform_cpu
 
     assert platform_cpu.cpu_platform() == platform_cpu.QUALNAME  # this is vLLM's CPU build
     plat = platform_cpu.AtomCpuPlatform
@@ -87,7 +87,7 @@ def test_cpu_platform_honours_custom_only_when_selected():
     (["serve", "m"], False),
 ])
 def test_the_plugin_sees_a_custom_selection_on_the_command_line(argv, selected):
-    from atom_backend.plugin import custom_selected
+    from atom_backend.vllm.plugin import custom_selected
 
     assert custom_selected(argv) is selected
 
@@ -100,7 +100,7 @@ def test_the_plugin_sees_a_custom_selection_on_the_command_line(argv, selected):
     ({"ATOM_TABLES_DIR": "/nonexistent/tables"}, "ATOM_TABLES_DIR='/nonexistent/tables' is not a directory"),
 ])
 def test_a_bad_setting_stops_the_front_end_with_one_line(env, message):
-    from atom_backend.plugin import prepare_front_end
+    from atom_backend.vllm.plugin import prepare_front_end
 
     with pytest.raises(SystemExit) as e:
         prepare_front_end(env)
@@ -109,7 +109,7 @@ def test_a_bad_setting_stops_the_front_end_with_one_line(env, message):
 
 
 def test_good_settings_pass_the_front_end_check():
-    from atom_backend.plugin import check_environment
+    from atom_backend.vllm.plugin import check_environment
 
     check_environment({"ATOM_FORCE_PATH": "varlen", "ATOM_MAX_SPLITS": "32", "ATOM_NO_COMPILE": "off",
                        "ATOM_METRICS": "on", "ATOM_METRICS_SAMPLE_RATE": "0.5"})

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from atom_backend.kernels import registry
-from atom_backend.kernels.cost import CostModel, visible_pairs
-from atom_backend.planner import ModelFacts, PlannerConfig, Reason, batch_routes, plan
+from atom_backend.catalog import registry
+from atom_backend.planning.cost import CostModel, visible_pairs
+from atom_backend.planning import ModelFacts, PlannerConfig, Reason, batch_routes, plan
 
 GRID = {"new": [16, 256, 4096], "cached": [0, 4096, 32768]}
 FACTS = ModelFacts(64, 8, 64, has_sinks=True)

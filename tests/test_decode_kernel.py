@@ -267,7 +267,7 @@ def test_split_kernel_vs_reference(name, num_splits):
 @pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("name", [n for n in CASES if "window" not in CASES[n][5] and "sink_tokens" not in CASES[n][5]])
 def test_partials_match_reference_splits(name):
-    """Without a window the split ranges are reference.split_ranges: compare split by split."""
+    """Without a window the split ranges are planning.split_ranges: compare split by split."""
     num_splits = 4
     seqs, hq, hk, d, bs, opts = CASES[name]
     build, attn = _split_opts(opts)
@@ -291,7 +291,7 @@ def test_partials_match_reference_splits(name):
 ])
 def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
     """The split rule (planner.SplitRule): a request uses request_splits(sk, S, rule) of the grid's
-    S splits (reference.split_ranges), split by split as the reference; idle splits write o = 0
+    S splits (planning.split_ranges), split by split as the reference; idle splits write o = 0
     and lse = -inf over a NaN-poisoned workspace."""
     seqs = [(1, 3000), (2, 517), (1, 16), (1, 1), (3, 1025), (0, 7)]
     S = 8
@@ -654,7 +654,7 @@ def test_mma_smem_mirror_and_impl_choice():
 def test_planner_ctas_per_sm_mirror_the_kernel():
     """The planner (no torch import) restates the tensor-core kernel's CTAs per SM; both follow
     the warps per CTA of the default variants (8 resident warps of ~200 registers per SM)."""
-    from atom_backend.planner import Platform
+    from atom_backend.planning import Platform
 
     p = Platform()
     assert decode.MMA_CTAS_PER_SM == {2: p.decode_ctas_per_sm, 1: p.decode_ctas_per_sm_fp8}

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from atom_backend.metrics import Metrics
-from atom_backend.planner import ModelFacts, PlannerConfig, plan
-from atom_backend.kernels import platform_for
+from atom_backend.planning import ModelFacts, PlannerConfig, plan
+from atom_backend.catalog import platform_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -302,7 +302,7 @@ def test_warmup_is_guarded(tmp_path):
     env = dict(os.environ, WARMUP_DRY_RUN="1", PYTHONPATH=str(ROOT))
     r = subprocess.run(["sh", str(DEPLOY / "warmup.sh"), "sm_90a", "gfx942"], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"-m (atom_backend\.kernels build|hip_kernels\.variants) --arch sm_90a --arch gfx942", r.stdout), r.stdout
+    assert re.search(r"-m (atom_backend\.catalog build|hip_kernels\.variants) --arch sm_90a --arch gfx942", r.stdout), r.stdout
     # A package without any warm-up command: the image still builds and says why.
     bare = tmp_path / "python-without-site"
     bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")

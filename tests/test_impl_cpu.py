@@ -13,13 +13,14 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from atom_backend import gather as atom_gather  # noqa: E402
-from atom_backend import planner  # noqa: E402
+from atom_backend.planning import split_ranges
+from atom_backend.execution import gather as atom_gather  # noqa: E402
+from atom_backend import planning as planner  # noqa: E402
 from atom_backend import reference as ref  # noqa: E402
-from atom_backend.backend import split_kv_cache  # noqa: E402
-from atom_backend.impl import AtomAttentionImpl  # noqa: E402
-from atom_backend.metadata import AtomMetadataBuilder, kv_format  # noqa: E402
-from atom_backend.planner import ModelFacts, PlannerConfig, Reason  # noqa: E402
+from atom_backend.vllm.impl import split_kv_cache  # noqa: E402
+from atom_backend.vllm.impl import AtomAttentionImpl  # noqa: E402
+from atom_backend.vllm.metadata import AtomMetadataBuilder, kv_format  # noqa: E402
+from atom_backend.planning import ModelFacts, PlannerConfig, Reason  # noqa: E402
 from atom_backend.tolerances import assert_close  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 
@@ -224,8 +225,8 @@ def test_decode_splits_match_single_split():
 
 def test_cpu_split_decode_divides_keys_as_the_split_rule_says(monkeypatch):
     """Every split count gives the same answer, so the ranges themselves are checked: the CPU
-    executor's partials cover reference.split_ranges(keys, S, rule) of each request."""
-    from atom_backend import executors
+    executor's partials cover planning.split_ranges(keys, S, rule) of each request."""
+    from atom_backend.execution import routes as executors
 
     case = Case([1, 1, 1], [300, 17, 513], seed=5)
     facts = case.facts()
@@ -244,7 +245,7 @@ def test_cpu_split_decode_divides_keys_as_the_split_rule_says(monkeypatch):
     impl.forward(LAYER, case.q, case.k_new, case.v_new, case.kv_cache, md, torch.empty_like(case.q))
     want = []
     for sk in (301, 18, 514):  # cached + the new token
-        want += [(sk, j0, j1) for j0, j1 in ref.split_ranges(sk, 8, md.split_rule)]
+        want += [(sk, j0, j1) for j0, j1 in split_ranges(sk, 8, md.split_rule)]
     assert seen == want
     assert [sum(1 for s, a, b in seen if s == sk and b > a) for sk in (301, 18, 514)] == [2, 1, 4]
 
@@ -266,7 +267,7 @@ def test_capture_metadata_splits_for_max_seq_len_and_views_vllms_buffers():
     replays it for any batch of that size: the split count is sized for max_seq_len, the route's
     tensors are vLLM's buffers (a replay reads the new batch), the workspace is the builder's
     and shared by the graphs; anything else is refused at capture."""
-    from atom_backend.kernels import platform_for
+    from atom_backend.catalog import platform_for
 
     case = Case([1] * 4, [0] * 4, seed=7)
     b = _builder(case.facts())
@@ -295,7 +296,7 @@ def test_speculative_verification_requests_are_decodes_and_graphed(monkeypatch):
     """With speculative decoding (k drafts) a verification request of 1 + k tokens is a decode
     (vLLM reorders it with the decodes) unless ATOM_DECODE_MAX_QUERY_TOKENS says otherwise, and
     batches of them get FULL graphs (UNIFORM_BATCH); without, single-token decode batches."""
-    from atom_backend.metadata import AtomMetadataBuilder, planner_config
+    from atom_backend.vllm.metadata import AtomMetadataBuilder, planner_config
     from vllm.v1.attention.backend import AttentionCGSupport
 
     def cfg(k, parallel=False):
@@ -386,10 +387,11 @@ def test_a_kernel_that_fails_at_run_time_is_planned_around(monkeypatch):
     that failing too, the Triton path. Each failure is recorded once and later batches are planned
     without the kernel (requests counted with reason kernel_unavailable), not run on another path
     behind a plan that says varlen."""
-    from atom_backend import executors, metadata
-    from atom_backend.kernels import platform_for
+    from atom_backend.catalog import platform_for
+    from atom_backend.execution import health
+    from atom_backend.execution import routes as executors
 
-    monkeypatch.setattr(metadata, "_KERNEL_STATE", {})
+    monkeypatch.setattr(health, "STATE", {})
     ran = []
 
     def failing_varlen(route, q, out, k_cache, v_cache, p, fp8):
@@ -403,19 +405,19 @@ def test_a_kernel_that_fails_at_run_time_is_planned_around(monkeypatch):
     first = b.build(0, case.common()).plan
     assert first.varlen_fp8 and list(first.varlen) == [0, 1]
 
-    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=True), None, None, None, None, None, metadata)
+    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=True), None, None, None, None, None)
     assert ran == ["fp8", "16-bit", "unified"]
-    assert {k for k, why in metadata._KERNEL_STATE.items() if why} == {"varlen_fp8", "varlen"}
+    assert {k for k, why in health.STATE.items() if why} == {"varlen_fp8", "varlen"}
     later = b.build(0, case.common()).plan
     assert len(later.varlen) == 0 and set(later.unified_reasons) == {Reason.NO_KERNEL}
 
-    metadata._KERNEL_STATE.pop("varlen")  # only FP8 compute failed: varlen in 16-bit compute
+    health.STATE.pop("varlen")  # only FP8 compute failed: varlen in 16-bit compute
     b.platform = platform_for("sm_90a", use_tables=False)
     only_fp8 = b.build(0, case.common()).plan
     assert list(only_fp8.varlen) == [0, 1] and not only_fp8.varlen_fp8
     assert only_fp8.varlen_compute_reason == Reason.NO_KERNEL
     ran.clear()
-    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=False), None, None, None, None, None, metadata)
+    executors._gpu_varlen_or_fallback(types.SimpleNamespace(fp8=False), None, None, None, None, None)
     assert ran == ["16-bit", "unified"]
 
 

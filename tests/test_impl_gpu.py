@@ -19,9 +19,9 @@ from bench import _vllm  # noqa: E402  (the one stand-in; a no-op where vLLM is 
 _vllm.install()
 
 from atom_backend import reference as ref  # noqa: E402
-from atom_backend.backend import split_kv_cache  # noqa: E402
-from atom_backend.impl import AtomAttentionImpl  # noqa: E402
-from atom_backend.planner import PlannerConfig  # noqa: E402
+from atom_backend.vllm.impl import split_kv_cache  # noqa: E402
+from atom_backend.vllm.impl import AtomAttentionImpl  # noqa: E402
+from atom_backend.planning import PlannerConfig  # noqa: E402
 from atom_backend.tolerances import assert_close  # noqa: E402
 from tests.test_impl_cpu import LAYER, MIXED_CACHED, MIXED_NEW, Case, _builder, _impl, _reference  # noqa: E402
 
@@ -58,8 +58,8 @@ def _forward(case, impl, md):
 @pytest.mark.parametrize("d,layout", [(64, "LBNHC"), (128, "LBHNC"), (128, "LBNHC")])
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (24, True)])
 def test_mixed_batch_on_compiled_kernels(d, layout, window, with_sinks):
-    from atom_backend import gather as atom_gather
-    from atom_backend.planner import Path
+    from atom_backend.execution import gather as atom_gather
+    from atom_backend.planning import Path
 
     case = Case(MIXED_NEW, MIXED_CACHED, d=d, dtype=torch.bfloat16, layout=layout, seed=d + window).to("cuda")
     sinks = torch.randn(case.hq, device="cuda") if with_sinks else None
@@ -109,7 +109,7 @@ def test_fp8_cache_on_compiled_kernels(fp8_compute):
 
 @needs_cuda
 def test_unsupported_head_dim_and_fp32_route_to_triton():
-    from atom_backend.planner import Path, Reason
+    from atom_backend.planning import Path, Reason
 
     case = Case(MIXED_NEW, MIXED_CACHED, d=32, dtype=torch.float32, seed=9).to("cuda")
     sinks = torch.randn(case.hq, device="cuda")
@@ -136,8 +136,8 @@ def test_a_captured_decode_graph_replays_later_batches(d, dtype, fp8, qlen):
     would go). Every layer's output must match the reference; d=32 fp32 is
     the Triton decode route, the others the split-KV kernel (one with an FP8 cache, one with
     speculative decoding's 3-token verification requests, vLLM's UNIFORM_BATCH)."""
-    from atom_backend.metadata import kv_format
-    from atom_backend.planner import ModelFacts, PlannerConfig
+    from atom_backend.vllm.metadata import kv_format
+    from atom_backend.planning import ModelFacts, PlannerConfig
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     B, hq, hk, bs, max_len, layers = 8, 8, 2, 16, 4096, 2

@@ -25,7 +25,7 @@ def _env(**kw):
 
 @needs_cuda
 def test_tune_quick_writes_a_loadable_table(tmp_path):
-    from atom_backend.kernels import tables
+    from atom_backend.catalog import tables
     from bench import tune
 
     body = tune.main(["--quick", "--out", str(tmp_path)])
@@ -37,8 +37,8 @@ def test_tune_quick_writes_a_loadable_table(tmp_path):
 
 @needs_cuda
 def test_calibrate_quick_writes_a_usable_cost_model(tmp_path):
-    from atom_backend.kernels.cost import CostModel
-    from atom_backend.planner import ModelFacts
+    from atom_backend.planning.cost import CostModel
+    from atom_backend.planning import ModelFacts
     from bench import calibrate
 
     calibrate.main(["--quick", "--out", str(tmp_path)])
@@ -61,9 +61,11 @@ FIRST_FORWARD = textwrap.dedent("""
     import json, os, torch
     from bench import _vllm
     _vllm.install()
-    from atom_backend import executors, metrics
-    from atom_backend.metadata import AtomMetadataBuilder, detect_platform
-    from atom_backend.planner import ModelFacts, PlannerConfig
+    from atom_backend.execution import routes as executors
+    from atom_backend import metrics
+    from atom_backend.execution.health import detect_platform
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
+    from atom_backend.planning import ModelFacts, PlannerConfig
     from bench.calibrate import cu, paged
     from hip_kernels import runtime
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -95,11 +97,11 @@ FIRST_FORWARD = textwrap.dedent("""
                 executors.run(md, q, out, kc, vc, p)
         torch.cuda.synchronize()
         assert not out.isnan().any()
-    from atom_backend import metadata
+    from atom_backend.execution import health
     m = metrics._impl
     total = lambda c: sum(s.value for f in c.collect() for s in f.samples if s.name.endswith("_total"))
     print(json.dumps({"compiles": total(m.compiles), "hits": total(m.cache_hits),
-                      "failed": {k: v for k, v in metadata._KERNEL_STATE.items() if v}}))
+                      "failed": {k: v for k, v in health.STATE.items() if v}}))
 """)
 
 
@@ -110,7 +112,7 @@ def test_first_forward_after_build_compiles_nothing(tmp_path):
     arch = runtime.device_arch()
     env = _env(ATOM_KERNEL_CACHE=tmp_path / "cache", ATOM_TABLES_DIR=tmp_path / "no-tables")
     env.pop("ATOM_NO_COMPILE", None)
-    r = subprocess.run([sys.executable, "-m", "atom_backend.kernels", "build", "--arch", arch, "--heads", "64",
+    r = subprocess.run([sys.executable, "-m", "atom_backend.catalog", "build", "--arch", arch, "--heads", "64",
                         "--kv-heads", "8", "--head-dim", "64", "--sinks", "--layer-windows", "0,128",
                         "--kv-dtype", "auto,fp8", "--quiet"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

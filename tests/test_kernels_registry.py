@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from atom_backend.kernels import registry, rules, tables, tuning
-from atom_backend.kernels.model import from_hf_config, parse_layer_windows
-from atom_backend.kernels.rules import Entry, PathCaps, Signature
-from atom_backend.planner import ModelFacts, PlannerConfig, Reason, model_splitkv_reason, model_varlen_reason, plan
+from atom_backend.catalog import registry, tables, tuning
+from atom_backend.planning import rules
+from atom_backend.catalog.model import from_hf_config, parse_layer_windows
+from atom_backend.planning.rules import Entry, PathCaps, Signature
+from atom_backend.planning import ModelFacts, PlannerConfig, Reason, model_splitkv_reason, model_varlen_reason, plan
 from hip_kernels import runtime
 from hip_kernels import variants as hv
 
@@ -90,8 +91,9 @@ def test_planner_reasons_are_the_registrys():
                           (p.splitkv_caps, model_splitkv_reason(facts, p))):
             r = rules.check(caps, Signature.of(facts))
             assert got == (None if r is None else Reason(r.reason))
-    src = (ROOT / "atom_backend" / "planner.py").read_text()
-    assert "frozenset({64" not in src and "head_dims" not in src, "capability sets are hand-written in the planner"
+    for name in ("planner.py", "facts.py", "splits.py", "config.py"):
+        src = (ROOT / "atom_backend" / "planning" / name).read_text()
+        assert "frozenset({64" not in src and "head_dims" not in src, f"capability sets are hand-written in {name}"
 
 
 def test_gfx942_routes_fp8_fnuz_to_the_kernels():
@@ -144,7 +146,7 @@ def test_hf_config_gives_gpt_oss_facts(tmp_path):
 def _cli(*args, env=None, timeout=600):
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "atom_backend.kernels", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "atom_backend.catalog", *args], capture_output=True, text=True,
                           env=e, timeout=timeout, cwd=ROOT)
 
 
@@ -166,8 +168,8 @@ GPT_OSS_FLAGS = ["--heads", "64", "--kv-heads", "8", "--head-dim", "64", "--sink
 FRESH = textwrap.dedent("""
     import json, sys
     from atom_backend import metrics
-    from atom_backend.kernels import registry, tuning
-    from atom_backend.kernels.model import ModelSpec
+    from atom_backend.catalog import registry, tuning
+    from atom_backend.catalog.model import ModelSpec
     from hip_kernels import runtime
     arch = sys.argv[1]
     tuning.apply(arch)  # what detect_platform does in a serving process
@@ -279,7 +281,7 @@ def test_committed_h100_tables_load():
         assert data is not None, f"{kind}_sm_90.json missing"
         pb = data["produced_by"]
         assert pb["device"].startswith("NVIDIA H100") and pb["command"].startswith("python -m bench.")
-    from atom_backend.kernels.cost import CostModel
+    from atom_backend.planning.cost import CostModel
 
     data = tables.load("cost", "sm_90")
     m = CostModel(data, data["_path"])  # the committed numbers make a model

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atom_backend import metrics
 from atom_backend.metrics import NULL_TIMER, Metrics
-from atom_backend.planner import ModelFacts, PlannerConfig, Reason, plan
-from atom_backend.kernels import platform_for
+from atom_backend.planning import ModelFacts, PlannerConfig, Reason, plan
+from atom_backend.catalog import platform_for
 
 ROOT = FsPath(__file__).resolve().parents[1]
 FACTS = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64, has_sinks=True, window=0, page_size=16)
@@ -211,8 +211,8 @@ WORKER = """
     import json, sys
     {pre}
     from atom_backend import metrics
-    from atom_backend.planner import ModelFacts, PlannerConfig, plan
-    from atom_backend.kernels import platform_for
+    from atom_backend.planning import ModelFacts, PlannerConfig, plan
+    from atom_backend.catalog import platform_for
     facts = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64)
     p = plan({new}, {cached}, facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
     metrics.record_plan(p, 3e-5)
@@ -290,8 +290,8 @@ def test_disabled_is_a_no_op():
         import json
         from prometheus_client import REGISTRY, generate_latest
         from atom_backend import metrics
-        from atom_backend.planner import ModelFacts, PlannerConfig, plan
-        from atom_backend.kernels import platform_for
+        from atom_backend.planning import ModelFacts, PlannerConfig, plan
+        from atom_backend.catalog import platform_for
         p = plan([100, 1], [0, 40], ModelFacts(num_q_heads=4, num_kv_heads=4, head_dim=64), platform_for("sm_90a", use_tables=False), PlannerConfig())
         metrics.record_plan(p, 1e-5)
         metrics.record_compile("decode", 1.0, True)
@@ -394,7 +394,7 @@ def recorded(monkeypatch):
 def test_a_batch_planned_by_several_groups_counts_its_tokens_once(recorded):
     from dataclasses import replace as _replace
 
-    from atom_backend.metadata import AtomMetadataBuilder
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
 
     reg = recorded
     sinks = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=32, has_sinks=True, page_size=16)
@@ -434,7 +434,7 @@ def test_a_batch_planned_by_several_groups_counts_its_tokens_once(recorded):
 
 
 def test_capture_and_draft_builds_record_nothing(recorded):
-    from atom_backend.metadata import AtomMetadataBuilder
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
 
     reg = recorded
     facts = ModelFacts(num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16)
@@ -458,7 +458,7 @@ def test_only_the_first_tensor_parallel_rank_of_the_first_stage_counts_tokens(re
 
     from vllm.distributed import parallel_state as ps
 
-    from atom_backend.metadata import AtomMetadataBuilder
+    from atom_backend.vllm.metadata import AtomMetadataBuilder
 
     reg = recorded
     rank = {"tp": 1, "first_stage": True}

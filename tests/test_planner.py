@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atom_backend import planner
-from atom_backend.planner import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
+from atom_backend.planning import planner as planner_module
+from atom_backend import planning as planner
+from atom_backend.planning import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
                                    SplitRule, decode_split_rule, decode_splits, fills_last_wave,
                                    plan, request_split_tokens, request_splits, whole_wave_splits)
-from atom_backend.kernels import platform_for
+from atom_backend.catalog import platform_for
 
 GPT_OSS = ModelFacts(64, 8, 64, has_sinks=True, window=128)
 LLAMA = ModelFacts(32, 8, 128)
@@ -81,7 +82,7 @@ def test_fp8_compute_gather_bytes_are_the_packs():
     scales (K's and V's per key, V's largest per 128) on top: what gather_kv_fp8 allocates."""
     from hip_kernels.gather import FP8_ALIGN
 
-    assert planner.FP8_PACK_ALIGN == FP8_ALIGN
+    assert planner_module.FP8_PACK_ALIGN == FP8_ALIGN
     force = replace(DEFAULT, force_path="varlen")
     for mode, scale_bytes in (("per_tensor", 0), ("per_page", 4 * 8 * (2 * 384 + 3))):
         facts = ModelFacts(32, 8, 128, kv_dtype="fp8_e4m3", kv_scale_mode=mode)
@@ -410,7 +411,7 @@ def test_fp8_compute_long_requests_compute_in_16_bits():
 def test_fp8_compute_registry_selection():
     """The registry's build selection of an FP8 model includes the FP8 prefill of the scale mode
     the gather packs for its page size and the FP8-layout gather (the kernel quantizes Q)."""
-    from atom_backend.kernels import registry
+    from atom_backend.catalog import registry
     from hip_kernels import prefill
 
     for scale, page, mode in (("per_tensor", 16, 1), ("per_page", 16, 3), ("per_page", 1024, 3)):

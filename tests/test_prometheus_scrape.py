@@ -31,8 +31,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 WORKER = """
 import json
 from atom_backend import metrics
-from atom_backend.planner import ModelFacts, PlannerConfig, plan
-from atom_backend.kernels import platform_for
+from atom_backend.planning import ModelFacts, PlannerConfig, plan
+from atom_backend.catalog import platform_for
 facts = ModelFacts(num_q_heads=16, num_kv_heads=4, head_dim=64)
 p = plan([256, 1, 1, 1, 4, 9], [0, 300, 2000, 40, 10, 64 * 9 + 1], facts, platform_for("sm_90a", use_tables=False), PlannerConfig())
 for _ in range(3):

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from atom_backend.planning import split_ranges
 from atom_backend import reference as ref
 from tests import loop_oracle as loop
 
@@ -260,27 +261,27 @@ def test_split_ranges_cover_keys_once():
     for sk in (0, 1, 5, 16, 17, 300):
         for s in (1, 2, 3, 8):
             for rule in ((), (1,), (4,), (64,), (4, 1, 100, 2, 8, 95), (1, 2), (1, 1, 4, 1, 3, 90)):
-                r = ref.split_ranges(sk, s, rule)
+                r = split_ranges(sk, s, rule)
                 assert len(r) == s
                 assert [j for a, b in r for j in range(a, b)] == list(range(sk))
 
 
 def test_split_ranges_min_split_tokens_bounds_the_splits_used():
     # clamp(sk // m, 1, S) splits of ceil(sk / n) keys, the rest empty
-    assert ref.split_ranges(300, 8, (64,)) == [(0, 75), (75, 150), (150, 225), (225, 300)] + [(300, 300)] * 4
-    assert ref.split_ranges(63, 8, (64,)) == [(0, 63)] + [(63, 63)] * 7
-    assert ref.split_ranges(0, 3, (64,)) == [(0, 0)] * 3
-    assert ref.split_ranges(4096, 8, (256,)) == ref.split_ranges(4096, 8)  # long enough: all splits
+    assert split_ranges(300, 8, (64,)) == [(0, 75), (75, 150), (150, 225), (225, 300)] + [(300, 300)] * 4
+    assert split_ranges(63, 8, (64,)) == [(0, 63)] + [(63, 63)] * 7
+    assert split_ranges(0, 3, (64,)) == [(0, 0)] * 3
+    assert split_ranges(4096, 8, (256,)) == split_ranges(4096, 8)  # long enough: all splits
 
 
 def test_split_ranges_fill_and_long_split_tokens():
     # fill target 2; growth needs the wave bounds (CTAs per split 2, 8 slots): 4 splits fill it
-    assert ref.split_ranges(1000, 8, (64, 2, 400)) == [(0, 500), (500, 1000)] + [(1000, 1000)] * 6
+    assert split_ranges(1000, 8, (64, 2, 400)) == [(0, 500), (500, 1000)] + [(1000, 1000)] * 6
     grow = (64, 2, 400, 2, 8, 95)
-    assert ref.split_ranges(2000, 8, grow) == [(j, j + 500) for j in range(0, 2000, 500)] + [(2000, 2000)] * 4
-    assert ref.split_ranges(800, 8, grow) == [(0, 400), (400, 800)] + [(800, 800)] * 6  # <= 400 keys a split
-    assert ref.split_ranges(100, 8, grow) == [(0, 100)] + [(100, 100)] * 7  # 100 // 64 = 1
-    assert ref.split_ranges(1000, 8, (0, 3)) == ref.split_ranges(1000, 3) + [(1000, 1000)] * 5  # fill alone
+    assert split_ranges(2000, 8, grow) == [(j, j + 500) for j in range(0, 2000, 500)] + [(2000, 2000)] * 4
+    assert split_ranges(800, 8, grow) == [(0, 400), (400, 800)] + [(800, 800)] * 6  # <= 400 keys a split
+    assert split_ranges(100, 8, grow) == [(0, 100)] + [(100, 100)] * 7  # 100 // 64 = 1
+    assert split_ranges(1000, 8, (0, 3)) == split_ranges(1000, 3) + [(1000, 1000)] * 5  # fill alone
 
 
 def test_combine_all_empty_splits():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from atom_backend.planning import split_ranges
 from atom_backend import reference as ref
 from atom_backend.tolerances import assert_close, assert_lse_close
 from atom_backend.unified import decode_workspace_numel, paged_attention, paged_decode
@@ -92,7 +93,7 @@ def test_split_rule_compiled(rule):
         ro, rl = ref.split_kv_partials(B.q.float(), k.float(), v.float(), B.cu_seqlens_q, cu_k, S, split_rule=rule)
     assert_lse_close(l_p, rl, torch.bfloat16, "lse partials")
     assert_close(o_p, ro, torch.bfloat16, "o partials")
-    ranges = [ref.split_ranges(sk, S, rule) for sk in B.seq_lens.tolist()]
+    ranges = [split_ranges(sk, S, rule) for sk in B.seq_lens.tolist()]
     used = torch.isfinite(l_p[:, :, 0]).sum(0).tolist()  # splits with keys, per query token
     assert used == [sum(b > a for a, b in ranges[i]) for i, (sq, _) in enumerate(seqs) for _ in range(sq)]
     assert_close(o, _reference(B)[0], torch.bfloat16, "out")

@@ -3,7 +3,7 @@
 ``AtomMetadataBuilder.build()`` runs once per batch (per KV-cache group) for all its layers,
 on the host: lengths come from the CPU copies vLLM keeps (``query_start_loc_cpu``,
 ``seq_lens_cpu_upper_bound``, exact for prefill rows), so nothing waits on the device. It
-calls ``atom_backend.planner.plan`` once, records it in the metrics (what it records depends
+calls ``atom_backend.planning.plan`` once, records it in the metrics (what it records depends
 on the builder's place among the process's builders: ``Recording roles`` below), logs every request routed
 away from its preferred path at debug level, and builds for each route (split-KV decode,
 varlen, unified) the sub-batch the executors need: the token rows (a slice when contiguous,
@@ -55,9 +55,9 @@ import numpy as np
 import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 
-from atom_backend import planner as _planner
-from atom_backend.kernels import rules as _rules
-from atom_backend.planner import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
+from atom_backend import planning as _planner
+from atom_backend.execution import health
+from atom_backend.planning import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
 
 logger = logging.getLogger("atom_backend")
 
@@ -89,10 +89,10 @@ def kv_format(cache_dtype: str, model_dtype: torch.dtype, device_type: str) -> t
     name = cache_dtype if cache_dtype in ("float16", "bfloat16") else None
     dt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, model_dtype)
     kv = _torch_dtype_name(dt)
-    if kv == "fp32" and "fp32" not in getattr(_planner, "_KV_FORMATS", {"fp32"}):
-        # Planners that only list stored 16-bit/fp8 formats: an unquantised fp32 cache routes
-        # exactly like one stored in the query dtype (kv_dtype only gates the split-KV kernel,
-        # which takes 16-bit queries anyway); gather bytes use the query dtype.
+    if kv == "fp32":
+        # The planner knows stored 16-bit / fp8 formats: an unquantised fp32 cache routes exactly
+        # like one stored in the query dtype (kv_dtype only gates the split-KV kernel, which takes
+        # 16-bit queries anyway); gather bytes use the query dtype.
         kv = "fp16"
     return kv, "none"
 
@@ -157,81 +157,6 @@ class AtomMetadata:
 
     def routes(self):
         return [r for r in (self.decode, self.varlen, self.unified) if r is not None]
-
-
-# "varlen" / "splitkv" / "varlen_fp8" (FP8 compute inside varlen) -> None (usable) or why not
-_KERNEL_STATE: dict[str, str | None] = {}
-
-
-def kernel_unavailable(path: str) -> str | None:
-    """Why the compiled kernel of ``path`` cannot run here (None: it can), probed once."""
-    if path not in _KERNEL_STATE:
-        why = None
-        try:
-            from hip_kernels import runtime
-
-            if path == "varlen":
-                import hip_kernels.gather  # noqa: F401
-                import hip_kernels.prefill  # noqa: F401
-            else:
-                import hip_kernels.combine  # noqa: F401
-                import hip_kernels.decode  # noqa: F401
-            runtime.toolchain_for(runtime.device_arch())
-        except Exception as e:  # ImportError, ToolchainMissingError, no device...
-            why = f"{type(e).__name__}: {e}"
-        _KERNEL_STATE[path] = why
-        if why is not None:
-            _fallback(Reason.NO_KERNEL.value, path, why)
-    return _KERNEL_STATE[path]
-
-
-def mark_kernel_failed(path: str, why: str) -> None:
-    """A kernel failed at run time (e.g. compile error): later batches plan around it (their
-    requests counted with reason kernel_unavailable: without_failed_kernels)."""
-    _KERNEL_STATE[path] = why
-    _fallback(Reason.NO_KERNEL.value, path, why)
-
-
-def without_failed_kernels(platform: _planner.Platform) -> _planner.Platform:
-    """`platform` less the kernels that failed at run time (mark_kernel_failed)."""
-    failed = {k for k, why in _KERNEL_STATE.items() if why is not None}
-    now = dict(varlen_kernel=platform.varlen_kernel and "varlen" not in failed,
-               splitkv_kernel=platform.splitkv_kernel and "splitkv" not in failed,
-               varlen_fp8_caps=None if "varlen_fp8" in failed else platform.varlen_fp8_caps)
-    if all(getattr(platform, k) is v for k, v in now.items()):
-        return platform  # the same object: caches keyed on it stay valid
-    return replace(platform, **now)
-
-
-def _fallback(reason: str, path: str, why: str) -> None:
-    logger.debug("atom: %s kernel unavailable (%s), its requests go to the next path", path, why)
-    if _metrics is not None:
-        _metrics.record_fallback(reason, path)
-
-
-def detect_platform(device: torch.device) -> _planner.Platform:
-    """The planner's Platform: the kernel registry's answers for this device's arch (its
-    tuning table applied, its cost table when there is one); on the CPU the torch routes,
-    which serve every problem the planner accepts."""
-    if device.type == "cpu":
-        return _planner.Platform(vendor="cpu", arch="cpu", num_sms=max(1, torch.get_num_threads()),
-                                 varlen_caps=_rules.ANY, splitkv_caps=_rules.ANY)
-    from hip_kernels import runtime
-
-    arch = runtime.device_arch(device.index)
-    props = torch.cuda.get_device_properties(device)
-    varlen_ok = kernel_unavailable("varlen") is None
-    splitkv_ok = kernel_unavailable("splitkv") is None
-    try:
-        from atom_backend.kernels import registry, tuning
-
-        tuning.apply(arch)
-        return registry.platform_for(arch, num_sms=props.multi_processor_count, varlen_kernel=varlen_ok,
-                                     splitkv_kernel=splitkv_ok)
-    except ImportError as e:  # kernel modules missing: every request on the Triton path
-        _fallback(Reason.NO_KERNEL.value, "varlen+splitkv", f"{type(e).__name__}: {e}")
-        return _planner.Platform(vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch,
-                                 num_sms=props.multi_processor_count, varlen_kernel=False, splitkv_kernel=False)
 
 
 layer_windows = _planner.reduce_layer_windows
@@ -363,7 +288,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
             page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
-        self._setup(device, detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None, layer_names)
+        self._setup(device, health.detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None, layer_names)
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
     @classmethod
@@ -376,7 +301,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         device = torch.device(device)
         b = object.__new__(cls)
         b.facts, b.config, b.block_size = facts, config, facts.page_size
-        b._setup(device, platform or detect_platform(device), None, layer_names)
+        b._setup(device, platform or health.detect_platform(device), None, layer_names)
         return b
 
     def _setup(self, device, platform, counter_file, layer_names=None) -> None:
@@ -484,8 +409,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         total = self._host_seq_lens(cm)
         cached = np.maximum(total - new, 0)
         t0 = time.perf_counter()
-        if any(_KERNEL_STATE.values()):  # a kernel that failed at run time since this builder was made
-            self.platform = without_failed_kernels(self.platform)
+        if any(health.STATE.values()):  # a kernel that failed at run time since this builder was made
+            self.platform = health.without_failed_kernels(self.platform)
         p = plan(new, cached, self.facts, self.platform, self.config)
         dt = time.perf_counter() - t0
         if record and _metrics is not None:
@@ -595,7 +520,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             for i, why in zip(p.unified.tolist(), p.unified_reasons):
                 PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
         if self._counter_file:
-            from atom_backend import gather
+            from atom_backend.execution import gather
 
             tmp = f"{self._counter_file}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

@@ -19,7 +19,7 @@ import logging
 # vLLM configures its own loggers only: the selection line belongs next to vLLM's.
 logger = logging.getLogger("vllm.atom_backend")
 
-QUALNAME = "atom_backend.platform_cpu.AtomCpuPlatform"
+QUALNAME = "atom_backend.vllm.platform_cpu.AtomCpuPlatform"
 
 
 def cpu_platform() -> str | None:
@@ -40,7 +40,7 @@ def _make_class():
             if selected_backend == AttentionBackendEnum.CUSTOM and not (
                     attn_selector_config.use_mla or attn_selector_config.use_sparse):
                 if not selected_backend.is_overridden():
-                    from atom_backend.plugin import register
+                    from atom_backend.vllm.plugin import register
 
                     register()
                 backend_cls = selected_backend.get_class()

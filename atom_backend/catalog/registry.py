@@ -19,8 +19,8 @@ import inspect
 import logging
 from dataclasses import dataclass, replace
 
-from atom_backend.kernels import rules
-from atom_backend.kernels.rules import ARCHS, FEATURES, SCALE_MODES, Entry, PathCaps, Refusal, Signature
+from atom_backend.planning import rules
+from atom_backend.planning.rules import ARCHS, FEATURES, SCALE_MODES, Entry, PathCaps, Refusal, Signature
 
 log = logging.getLogger("atom_backend")
 
@@ -202,11 +202,11 @@ def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, s
                  cost=None, use_tables: bool = True):
     """A planner Platform whose capabilities are this registry's answers for `arch` (and, with
     use_tables, whose cost model is the arch's calibration table when one exists)."""
-    from atom_backend.planner import Platform
+    from atom_backend.planning import Platform
 
     caps = path_caps(rules.compile_target(arch))
     if cost is None and use_tables:
-        from atom_backend.kernels import tables
+        from atom_backend.catalog import tables
 
         cost = tables.cost_model(arch)
     target = rules.compile_target(arch)

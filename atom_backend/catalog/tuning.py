@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 
-from atom_backend.kernels import tables
-from atom_backend.kernels.rules import arch_family
+from atom_backend.catalog import tables
+from atom_backend.planning.rules import arch_family
 
 log = logging.getLogger("atom_backend")
 
@@ -89,7 +89,7 @@ def apply(arch: str) -> dict:
     for (d, cls), cfg in chosen.items():
         module_table(cls)[d] = cfg
     _applied = family
-    from atom_backend.kernels import registry
+    from atom_backend.catalog import registry
 
     registry.entries_for.cache_clear()
     registry.path_caps.cache_clear()

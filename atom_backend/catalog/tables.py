@@ -1,6 +1,6 @@
 """Per-arch JSON tables: tuning (``tuning_<arch>.json``) and cost (``cost_<arch>.json``). Torch-free.
 
-Where: ``atom_backend/tables/`` (package data), after ``$ATOM_TABLES_DIR`` when set (a
+Where: ``atom_backend/catalog/tables/`` (package data), after ``$ATOM_TABLES_DIR`` when set (a
 directory searched first: tables from a fresh ``bench.tune`` / ``bench.calibrate`` run, tried
 before they are committed). Key: the arch family (``rules.arch_family``: sm_90a -> sm_90).
 
@@ -31,12 +31,12 @@ import sys
 import tokenize
 from pathlib import Path
 
-from atom_backend.kernels.rules import arch_family
+from atom_backend.planning.rules import arch_family
 
 log = logging.getLogger("atom_backend")
 
 SCHEMA = 1
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "tables"
+PACKAGE_DIR = Path(__file__).resolve().parent / "tables"
 KINDS = ("tuning", "cost")
 _ROOT = Path(__file__).resolve().parents[2]
 # What the cost table's timings depend on (paths from the repository / site-packages root).
@@ -148,7 +148,7 @@ def _cost_cached(family: str, _dirs: tuple):
                     "routing until `python -m bench.calibrate` runs again", data["_path"], data.get("kernels"),
                     kernel_fingerprint())
         return None
-    from atom_backend.kernels.cost import CostModel
+    from atom_backend.planning.cost import CostModel
 
     try:
         return CostModel(data, data["_path"])

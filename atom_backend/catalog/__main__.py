@@ -1,4 +1,4 @@
-"""python -m atom_backend.kernels {list, check, build, tables}
+"""python -m atom_backend.catalog {list, check, build, tables}
 
     list   [--json] [--arch A]                  every declared variant (the registry)
     check  --arch A (--model CONFIG | flags)     per path: the variants a model needs, or the reason
@@ -41,7 +41,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _spec(args):
-    from atom_backend.kernels import model
+    from atom_backend.catalog import model
 
     if args.model:
         spec = model.from_hf_config(args.model)
@@ -79,13 +79,13 @@ def _spec(args):
 def _max_q(args) -> int:
     if args.max_query_tokens:
         return args.max_query_tokens
-    from atom_backend.planner import PlannerConfig
+    from atom_backend.planning import PlannerConfig
 
     return PlannerConfig.from_env().decode_max_query_tokens
 
 
 def cmd_list(args) -> int:
-    from atom_backend.kernels import registry
+    from atom_backend.catalog import registry
 
     rows = registry.entries(args.arch)
     if args.json:
@@ -101,12 +101,12 @@ def cmd_list(args) -> int:
               f"{pages:8s} {','.join(sorted(e.features)):36s} {e.role:16s} {','.join(e.archs):30s} {tile}")
     variants = len({(e.variant, a) for e in rows for a in e.archs})
     print(f"\n{len(rows)} rows, {variants} (variant, arch) builds; validation rules in order: "
-          + ", ".join(f"{r.what} -> {r.reason}" for r in __import__('atom_backend.kernels.rules', fromlist=['RULES']).RULES))
+          + ", ".join(f"{r.what} -> {r.reason}" for r in __import__('atom_backend.planning.rules', fromlist=['RULES']).RULES))
     return 0
 
 
 def cmd_check(args) -> int:
-    from atom_backend.kernels import registry, tuning
+    from atom_backend.catalog import registry, tuning
 
     spec = _spec(args)
     if spec is None:
@@ -126,7 +126,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from atom_backend.kernels import build
+    from atom_backend.catalog import build
 
     if not args.arch:
         raise SystemExit("build needs --arch (sm_90a, gfx942, gfx950, gfx1250; repeatable)")
@@ -161,8 +161,9 @@ def cmd_build(args) -> int:
 
 
 def cmd_tables(args) -> int:
-    from atom_backend.kernels import rules, tables
+    from atom_backend.planning import rules
 
+    from atom_backend.catalog import tables
     for arch in args.arch or list(rules.ARCHS):
         for kind in tables.KINDS:
             data = tables.load(kind, arch)
@@ -178,7 +179,7 @@ def cmd_tables(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m atom_backend.kernels", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m atom_backend.catalog", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("list", help="print the registry")

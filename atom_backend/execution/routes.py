@@ -3,7 +3,7 @@
 GPU (CUDA / ROCm torch): split-KV decode -> ``hip_kernels.decode.SplitKVPlan`` (made by the
 batch's first layer, launched by every layer; + combine),
 or the Triton ``atom_backend.unified.paged_decode`` when the plan says unified decode; varlen
-prefill -> ``atom_backend.gather`` then ``hip_kernels.prefill.varlen_attention``; unified
+prefill -> ``atom_backend.execution.gather`` then ``hip_kernels.prefill.varlen_attention``; unified
 prefill -> ``atom_backend.unified.paged_attention`` straight over the pages. A compiled kernel
 that fails at run time (compile error, missing toolchain) sends its requests to the Triton
 path (FP8 compute first to the dequantizing gather + 16-bit kernel), counted
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_backend import gather as _gather
-from atom_backend import reference as _ref
-from atom_backend.planner import SplitRule
+from atom_backend import metrics
+from atom_backend.execution import gather as _gather
+from atom_backend.execution import health
+from atom_backend.planning import SplitRule, split_ranges
 
 NEG_INF = float("-inf")
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -119,7 +120,7 @@ def _cpu_paged(route, q, out, k_cache, v_cache, p: LayerParams, num_splits: int 
 def _split_combine(q, k, v, sk, p, num_splits, split_rule: SplitRule):
     """Split-KV on the CPU: fp32 partials over the kernels' contiguous key ranges, then the
     combine of docs/design.md (empty splits weigh 0)."""
-    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in _ref.split_ranges(sk, num_splits, split_rule)]
+    parts = [attend(q, k, v, sk, p, j0, j1) for j0, j1 in split_ranges(sk, num_splits, split_rule)]
     o_s = torch.stack([o for o, _ in parts])
     lse_s = torch.stack([l for _, l in parts])
     lse = torch.logsumexp(lse_s, dim=0)
@@ -223,17 +224,17 @@ def _gpu_varlen(route, q, out, k_cache, v_cache, p: LayerParams, fp8: bool) -> N
         out.index_copy_(0, rows, res)
 
 
-def _gpu_varlen_or_fallback(route, q, out, k_cache, v_cache, p: LayerParams, state) -> None:
+def _gpu_varlen_or_fallback(route, q, out, k_cache, v_cache, p: LayerParams) -> None:
     """The varlen route: FP8 compute if planned, else (or once it failed) the dequantizing gather
     + 16-bit kernel, else (once that failed) the Triton path over the pages. A failure is
-    recorded (state.mark_kernel_failed) and the builder plans later batches without it."""
-    fp8 = route.fp8 and state._KERNEL_STATE.get("varlen_fp8") is None
-    while state._KERNEL_STATE.get("varlen") is None:
+    recorded (health.mark_kernel_failed) and the builder plans later batches without it."""
+    fp8 = route.fp8 and health.usable("varlen_fp8")
+    while health.usable("varlen"):
         try:
             _gpu_varlen(route, q, out, k_cache, v_cache, p, fp8)
             return
         except RuntimeError as e:  # KernelError and launch failures
-            state.mark_kernel_failed("varlen_fp8" if fp8 else "varlen", f"{type(e).__name__}: {e}")
+            health.mark_kernel_failed("varlen_fp8" if fp8 else "varlen", f"{type(e).__name__}: {e}")
             fp8 = False
     _gpu_unified(route, q, out, k_cache, v_cache, p)
 
@@ -262,17 +263,14 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
         if md.unified is not None:
             _cpu_paged(md.unified, q, out, k_cache, v_cache, p)
         return
-    from atom_backend import metadata as _md
-    from atom_backend import metrics
-
     if md.decode is not None:
         with metrics.kernel_timer(md.decode.path):
-            if md.decode_kernel == "hip" and _md._KERNEL_STATE.get("splitkv") is None:
+            if md.decode_kernel == "hip" and health.usable("splitkv"):
                 try:
                     _gpu_hip_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.decode_balanced,
                                     md.workspace, md.counters, md.split_rule)
                 except RuntimeError as e:  # KernelError and launch failures
-                    _md.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
+                    health.mark_kernel_failed("splitkv", f"{type(e).__name__}: {e}")
                     _gpu_triton_decode(md.decode, q, out, k_cache, v_cache, p, md.num_splits, md.workspace,
                                        md.split_rule)
             else:
@@ -280,11 +278,7 @@ def run(md, q, out, k_cache, v_cache, p: LayerParams) -> None:
                                    md.split_rule)
     if md.varlen is not None:
         with metrics.kernel_timer("varlen"):
-            _gpu_varlen_or_fallback(md.varlen, q, out, k_cache, v_cache, p, _md)
+            _gpu_varlen_or_fallback(md.varlen, q, out, k_cache, v_cache, p)
     if md.unified is not None:
         with metrics.kernel_timer("unified"):
             _gpu_unified(md.unified, q, out, k_cache, v_cache, p)
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

@@ -14,9 +14,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from atom_backend.kernels import registry, rules, tuning
+from atom_backend.catalog import registry, tuning
 
 
+from atom_backend.planning import rules
 @dataclass
 class Job:
     arch: str

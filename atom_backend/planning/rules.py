@@ -1,7 +1,7 @@
 """What "supported" means: registry entries, problem signatures and the validation rules.
 
 Torch-free and vLLM-free (the planner imports this module). The registry
-(``atom_backend.kernels.registry``) derives ``Entry`` rows from the kernel modules' declared
+(``atom_backend.catalog.registry``) derives ``Entry`` rows from the kernel modules' declared
 variants; the planner receives them, per path and arch, as ``PathCaps`` inside its
 ``Platform``. ``check(caps, sig)`` walks the ordered ``RULES``: each rule keeps the entries
 that can serve the signature on one axis, and the first rule that leaves none names the
@@ -11,7 +11,7 @@ question "is this supported?" has one answer, asked in one place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 # Query / output dtypes, KV formats and scale modes, as the planner spells them.

@@ -45,13 +45,13 @@ class AtomAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_impl_cls():
-        from atom_backend.impl import AtomAttentionImpl
+        from atom_backend.vllm.impl import AtomAttentionImpl
 
         return AtomAttentionImpl
 
     @staticmethod
     def get_builder_cls():
-        from atom_backend.metadata import AtomMetadataBuilder
+        from atom_backend.vllm.metadata import AtomMetadataBuilder
 
         return AtomMetadataBuilder
 
@@ -107,13 +107,3 @@ class AtomAttentionBackend(AttentionBackend):
         if kv_cache_dtype is not None and str(kv_cache_dtype).startswith("fp8") and dtype == torch.float32:
             return "fp8 KV cache needs a 16-bit model dtype (the kernels dequantise to bf16/fp16)"
         return None
-
-
-def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k_cache, v_cache) views ``[num_blocks, block_size, kv_heads, head_size]`` of one layer's
-    ``[num_blocks, kv_heads, block_size, 2 * head_size]`` cache (no copy; strides follow the
-    layout vLLM chose)."""
-    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
-        raise ValueError(f"KV cache must be [num_blocks, kv_heads, block_size, 2*{head_size}], got {tuple(kv_cache.shape)}")
-    k, v = kv_cache.transpose(1, 2).split(head_size, dim=-1)
-    return k, v

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atom_backend.planner import ModelFacts, PlanError, reduce_layer_windows
+from atom_backend.planning import ModelFacts, PlanError, reduce_layer_windows
 
 _DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
            "float32": "fp32", "fp32": "fp32", "float": "fp32"}

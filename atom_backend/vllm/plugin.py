@@ -4,7 +4,7 @@ vLLM calls ``register()`` in every process it starts (API server, engine core, w
 it picks attention backends. It points vLLM's ``CUSTOM`` attention backend at ours; the user
 selects it with ``--attention-backend CUSTOM`` (``attention_config={"backend": "CUSTOM"}``).
 Nothing changes for a user who does not select it. On vLLM's CPU platform the selection needs
-the platform plugin of ``atom_backend.platform_cpu`` too (docs/vllm.md).
+the platform plugin of ``atom_backend.vllm.platform_cpu`` too (docs/vllm.md).
 
 In the front-end process of a server started with ``--attention-backend CUSTOM`` it also:
 - checks every ``ATOM_*`` setting, so that a bad value stops the server at once with one line
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 # vLLM configures its own loggers only: lines meant for the user go next to vLLM's.
 logger = logging.getLogger("vllm.atom_backend")
 
-BACKEND_PATH = "atom_backend.backend.AtomAttentionBackend"
+BACKEND_PATH = "atom_backend.vllm.backend.AtomAttentionBackend"
 
 
 def register() -> None:
@@ -88,7 +88,7 @@ def check_environment(env: Mapping[str, str]) -> None:
     """Parse every ATOM_* setting the backend reads; the first bad one raises ValueError naming
     the variable, its value and what it accepts."""
     from atom_backend import metrics
-    from atom_backend.planner import PlannerConfig, env_flag
+    from atom_backend.planning import PlannerConfig, env_flag
 
     PlannerConfig.from_env(env)
     metrics.rate_from_env(env)

@@ -13,8 +13,7 @@ import logging
 import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
-from atom_backend import executors
-from atom_backend.backend import split_kv_cache
+from atom_backend.execution import routes
 
 logger = logging.getLogger("atom_backend")
 
@@ -28,6 +27,16 @@ def _fp8_dtype() -> torch.dtype:
         return current_platform.fp8_dtype()
     except Exception:
         return torch.float8_e4m3fn
+
+
+def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_cache, v_cache) views ``[num_blocks, block_size, kv_heads, head_size]`` of one layer's
+    ``[num_blocks, kv_heads, block_size, 2 * head_size]`` cache (no copy; strides follow the
+    layout vLLM chose)."""
+    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
+        raise ValueError(f"KV cache must be [num_blocks, kv_heads, block_size, 2*{head_size}], got {tuple(kv_cache.shape)}")
+    k, v = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    return k, v
 
 
 class AtomAttentionImpl(AttentionImpl):
@@ -65,7 +74,7 @@ class AtomAttentionImpl(AttentionImpl):
         # Per layer, the same cache tensor and parameters come back every step: their views and
         # LayerParams are made once (a layer's host time is what eager decode steps pay).
         self._views: tuple | None = None  # (kv_cache, data_ptr, k_cache, v_cache)
-        self._params: executors.LayerParams | None = None
+        self._params: routes.LayerParams | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype):
         self._sinks_stale = True  # loaded values: convert again on first use
@@ -97,13 +106,13 @@ class AtomAttentionImpl(AttentionImpl):
         self._views = (kv_cache, kv_cache.data_ptr(), k, v)
         return k, v
 
-    def _layer_params(self, layer, out_dtype: torch.dtype) -> executors.LayerParams:
+    def _layer_params(self, layer, out_dtype: torch.dtype) -> routes.LayerParams:
         k_scale = float(layer._k_scale_float) if self.is_fp8 else None
         v_scale = float(layer._v_scale_float) if self.is_fp8 else None
         sinks = self._sinks()
         p = self._params
         if p is None or p.k_scale != k_scale or p.v_scale != v_scale or p.sinks is not sinks or p.out_dtype != out_dtype:
-            p = self._params = executors.LayerParams(
+            p = self._params = routes.LayerParams(
                 scale=self.scale, window=self.sliding_window, softcap=self.logits_soft_cap, sinks=sinks,
                 k_scale=k_scale, v_scale=v_scale, out_dtype=out_dtype)
         return p
@@ -143,5 +152,5 @@ class AtomAttentionImpl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         k_cache, v_cache = self._caches(kv_cache)
-        executors.run(attn_metadata, query, output, k_cache, v_cache, self._layer_params(layer, output.dtype))
+        routes.run(attn_metadata, query, output, k_cache, v_cache, self._layer_params(layer, output.dtype))
         return output

@@ -1,0 +1,97 @@
+"""Health of the compiled kernels in this process: which can run, which failed, and the
+platform the planner sees once the failed ones are taken out.
+
+A compiled kernel that cannot run (module missing, no toolchain, compile or launch failure) is
+reported once (``metrics.record_fallback`` and a log line); the batch at hand runs on the next
+path and the builder plans later batches without it (``without_failed_kernels``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from atom_backend import metrics
+from atom_backend.planning import Platform, Reason, rules
+
+logger = logging.getLogger("atom_backend")
+
+# "varlen" / "splitkv" / "varlen_fp8" (FP8 compute inside varlen) -> None (usable) or why not
+STATE: dict[str, str | None] = {}
+
+
+def kernel_unavailable(path: str) -> str | None:
+    """Why the compiled kernel of ``path`` cannot run here (None: it can), probed once."""
+    if path not in STATE:
+        why = None
+        try:
+            from hip_kernels import runtime
+
+            if path == "varlen":
+                import hip_kernels.gather  # noqa: F401
+                import hip_kernels.prefill  # noqa: F401
+            else:
+                import hip_kernels.combine  # noqa: F401
+                import hip_kernels.decode  # noqa: F401
+            runtime.toolchain_for(runtime.device_arch())
+        except Exception as e:  # ImportError, ToolchainMissingError, no device...
+            why = f"{type(e).__name__}: {e}"
+        STATE[path] = why
+        if why is not None:
+            _fallback(Reason.NO_KERNEL.value, path, why)
+    return STATE[path]
+
+
+def mark_kernel_failed(path: str, why: str) -> None:
+    """A kernel failed at run time (e.g. compile error): later batches plan around it (their
+    requests counted with reason kernel_unavailable: without_failed_kernels)."""
+    STATE[path] = why
+    _fallback(Reason.NO_KERNEL.value, path, why)
+
+
+def without_failed_kernels(platform: Platform) -> Platform:
+    """`platform` less the kernels that failed at run time (mark_kernel_failed)."""
+    failed = {k for k, why in STATE.items() if why is not None}
+    now = dict(varlen_kernel=platform.varlen_kernel and "varlen" not in failed,
+               splitkv_kernel=platform.splitkv_kernel and "splitkv" not in failed,
+               varlen_fp8_caps=None if "varlen_fp8" in failed else platform.varlen_fp8_caps)
+    if all(getattr(platform, k) is v for k, v in now.items()):
+        return platform  # the same object: caches keyed on it stay valid
+    return replace(platform, **now)
+
+
+def usable(path: str) -> bool:
+    """No run-time failure is recorded for the kernel of ``path``."""
+    return STATE.get(path) is None
+
+
+def _fallback(reason: str, path: str, why: str) -> None:
+    logger.debug("atom: %s kernel unavailable (%s), its requests go to the next path", path, why)
+    metrics.record_fallback(reason, path)
+
+
+def detect_platform(device: torch.device) -> Platform:
+    """The planner's Platform: the kernel registry's answers for this device's arch (its
+    tuning table applied, its cost table when there is one); on the CPU the torch routes,
+    which serve every problem the planner accepts."""
+    if device.type == "cpu":
+        return Platform(vendor="cpu", arch="cpu", num_sms=max(1, torch.get_num_threads()),
+                                 varlen_caps=rules.ANY, splitkv_caps=rules.ANY)
+    from hip_kernels import runtime
+
+    arch = runtime.device_arch(device.index)
+    props = torch.cuda.get_device_properties(device)
+    varlen_ok = kernel_unavailable("varlen") is None
+    splitkv_ok = kernel_unavailable("splitkv") is None
+    try:
+        from atom_backend.catalog import registry, tuning
+
+        tuning.apply(arch)
+        return registry.platform_for(arch, num_sms=props.multi_processor_count, varlen_kernel=varlen_ok,
+                                     splitkv_kernel=splitkv_ok)
+    except ImportError as e:  # kernel modules missing: every request on the Triton path
+        _fallback(Reason.NO_KERNEL.value, "varlen+splitkv", f"{type(e).__name__}: {e}")
+        return Platform(vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch,
+                                 num_sms=props.multi_processor_count, varlen_kernel=False, splitkv_kernel=False)

@@ -1,0 +1,30 @@
+"""Collection rules shared by the CPU suite."""
+
+from __future__ import annotations
+
+import os
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "triton_interpreter: runs only under TRITON_INTERPRET=1 (a child process)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Triton's interpreter is fixed when triton is first imported, so a process either runs the
+    interpreter cases or the rest: the other group is deselected, not skipped."""
+    interp = _interpreting()
+    keep, drop = [], []
+    for item in items:
+        wants_interp = item.get_closest_marker("triton_interpreter") is not None
+        in_child_only = item.name == "test_interpreter_suite"
+        if (wants_interp and not interp) or (in_child_only and interp):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
