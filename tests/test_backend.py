@@ -116,7 +116,7 @@ def test_good_settings_pass_the_front_end_check():
 
 
 def test_no_compile_reads_off_as_off(monkeypatch):
-    from hip_kernels import runtime
+    from hip_kernels.runtime import cache as runtime
 
     for raw, want in (("off", False), ("no", False), ("0", False), ("", False), ("on", True), ("1", True)):
         monkeypatch.setenv("ATOM_NO_COMPILE", raw)

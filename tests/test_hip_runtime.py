@@ -17,6 +17,10 @@ import torch
 
 from hip_kernels import runtime
 from hip_kernels.runtime import Variant
+from hip_kernels.runtime import cache as rt_cache
+from hip_kernels.runtime import launch as rt_launch
+from hip_kernels.runtime import toolchains as rt_toolchains
+from hip_kernels.runtime import variant as rt_variant
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,7 +125,7 @@ def test_concurrent_compiles_leave_one_valid_entry(cache, src):
     assert len(digests) == 1
     entries = list(cache.glob("probe-sm_90a-*.bin"))
     assert len(entries) == 1
-    assert runtime._read_entry(entries[0]) is not None
+    assert rt_cache._read_entry(entries[0]) is not None
     assert not list(cache.glob("*.tmp")), "temporary files left behind"
 
 
@@ -144,8 +148,8 @@ def test_cache_key_tracks_headers(cache, src, monkeypatch, tmp_path):
     k0 = runtime.cache_key(v, "sm_90a")
     extra = tmp_path / "extra.h"
     extra.write_text("// a header\n")
-    files = runtime._header_files()
-    monkeypatch.setattr(runtime, "_header_files", lambda: files + [extra])
+    files = rt_variant.header_files()
+    monkeypatch.setattr(rt_cache, "header_files", lambda: files + [extra])
     k1 = runtime.cache_key(v, "sm_90a")
     assert k1 != k0
     extra.write_text("// a changed header\n")
@@ -196,7 +200,7 @@ def test_missing_nvrtc_names_cuda_extra(cache, monkeypatch):
 def test_missing_amd_compiler_names_rocm_extra(cache, monkeypatch):
     monkeypatch.delenv("ATOM_CLANG", raising=False)
     monkeypatch.setenv("ATOM_AMD_COMPILER", "clang")
-    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    monkeypatch.setattr(rt_toolchains.shutil, "which", lambda name: None)
     runtime.clear_memo()
     with pytest.raises(runtime.ToolchainMissingError, match=r"pip install atom-backend\[rocm\]"):
         runtime.compile_variant(Variant("gather.hip", "atom_gather_kv"), "gfx942")
@@ -215,16 +219,11 @@ def test_unknown_arch_and_missing_source(cache):
         runtime.compile_variant(Variant("no_such_file.hip", "k"), "sm_90a")
 
 
-def test_metrics_record_compile_reported(cache, src, monkeypatch):
+def test_compiles_reach_their_observers(cache, src, monkeypatch):
     _nvrtc_or_skip()
-    import types
-
     calls = []
-    fake = types.SimpleNamespace(record_compile=lambda k, s, hit: calls.append((k, s, hit)))
-    import atom_backend
-
-    monkeypatch.setattr(atom_backend, "metrics", fake, raising=False)
-    monkeypatch.setitem(sys.modules, "atom_backend.metrics", fake)
+    monkeypatch.setattr(rt_cache, "_observers", [])
+    runtime.observe_compiles(lambda k, s, hit: calls.append((k, s, hit)))
     v = Variant(str(src), "probe", {"SCALE": 13})
     runtime.compile_variant(v, "sm_90a")
     runtime.compile_variant(v, "sm_90a")
@@ -234,7 +233,7 @@ def test_metrics_record_compile_reported(cache, src, monkeypatch):
 
 def test_pack_args_layout():
     t = torch.empty(4)
-    slots, ptrs = runtime._pack_args(
+    slots, ptrs = rt_launch._pack_args(
         [t, None, 7, -1, 1.5, runtime.i32(-2), runtime.f64(0.25), runtime.i64(2**40)], "k")
     base = ctypes.addressof(slots)
     assert [ptrs[i] for i in range(8)] == [base + 8 * i for i in range(8)]
@@ -248,9 +247,9 @@ def test_pack_args_layout():
     assert struct.unpack_from("<d", raw, 48)[0] == 0.25
     assert struct.unpack_from("<q", raw, 56)[0] == 2**40
     with pytest.raises(TypeError, match="bool"):
-        runtime._pack_args([True], "k")
+        rt_launch._pack_args([True], "k")
     with pytest.raises(TypeError, match="unsupported type"):
-        runtime._pack_args(["x"], "k")
+        rt_launch._pack_args(["x"], "k")
 
 
 # --- wrapper validation (runs before anything touches a GPU) ------------------------------
@@ -378,13 +377,13 @@ def test_blob_argument_points_at_its_bytes():
     data = bytes(range(128))
     b = runtime.Blob(data)
     assert b.addr % 64 == 0
-    _slots, ptrs = runtime._pack_args([7, b, None], "k")
+    _slots, ptrs = rt_launch._pack_args([7, b, None], "k")
     assert ctypes.string_at(ptrs[1], 128) == data
     assert ctypes.c_uint64.from_address(ptrs[0]).value == 7
-    _slots2, ptrs2 = runtime._pack_args([1, 2, 3], "k")
+    _slots2, ptrs2 = rt_launch._pack_args([1, 2, 3], "k")
     assert ctypes.c_uint64.from_address(ptrs2[1]).value == 2
     with pytest.raises(TypeError, match="Blob"):
-        runtime._arg_values([b], "k")
+        rt_launch._arg_values([b], "k")
 
 
 def test_tensor_map_shape_checks():

@@ -18,6 +18,13 @@ from atom_backend.planning import Platform, Reason, rules
 
 logger = logging.getLogger("atom_backend")
 
+
+def _observe_compiles() -> None:
+    """Count the compiled kernels' compiles and cache hits in the metrics (atom_kernel_compiles_total)."""
+    from hip_kernels import runtime
+
+    runtime.observe_compiles(metrics.record_compile)
+
 # "varlen" / "splitkv" / "varlen_fp8" (FP8 compute inside varlen) -> None (usable) or why not
 STATE: dict[str, str | None] = {}
 
@@ -29,6 +36,7 @@ def kernel_unavailable(path: str) -> str | None:
         try:
             from hip_kernels import runtime
 
+            _observe_compiles()
             if path == "varlen":
                 import hip_kernels.gather  # noqa: F401
                 import hip_kernels.prefill  # noqa: F401
