@@ -156,7 +156,7 @@ def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, f
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one shape, 3 x 3 grid (smoke test)")
-    ap.add_argument("--out", help="directory for cost_<arch>.json (default: atom_backend/tables)")
+    ap.add_argument("--out", help="directory for cost_<arch>.json (default: atom_backend/catalog/tables)")
     ap.add_argument("--json", help="also write the raw table here")
     args = ap.parse_args(argv)
     from atom_backend.catalog import tables, tuning

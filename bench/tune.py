@@ -78,7 +78,7 @@ def choose(d: int, cls: str, measured: list, default: dict, shape_labels: list) 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", help="directory for tuning_<arch>.json (default: atom_backend/tables)")
+    ap.add_argument("--out", help="directory for tuning_<arch>.json (default: atom_backend/catalog/tables)")
     args = ap.parse_args(argv)
     from atom_backend.catalog import build, tables, tuning
     from bench.prefill import make

@@ -96,11 +96,11 @@ class ModelFacts:
 class Platform:
     """What the machine can run, as the kernel registry declares it.
 
-    Build it with ``atom_backend.kernels.platform_for(arch)`` (GPU archs) or take
+    Build it with ``atom_backend.catalog.platform_for(arch)`` (GPU archs) or take
     ``CPU_PLATFORM``-like values (``varlen_caps=ANY``): the capability fields are the
     registry's ``PathCaps`` for the arch, never hand-written sets. ``None`` caps mean no kernel
     of that path is declared (reason ``kernel_unavailable``). ``cost``: the arch's calibrated
-    cost model (``atom_backend.kernels.cost.CostModel``) or None (threshold routing)."""
+    cost model (``atom_backend.planning.cost.CostModel``) or None (threshold routing)."""
 
     vendor: str = "nvidia"  # nvidia | amd | cpu
     arch: str = "sm_90a"
