@@ -24,18 +24,10 @@ workspace and kernel counters the builder owns, made outside any capture (a grap
 metadata it was captured with, and a buffer made inside a capture would come from the pool
 vLLM's graphs share). Eager layers stay cheap too: the decode route's
 ``hip_kernels.decode.SplitKVPlan`` is made by the batch's first layer and launched by the others
-(docs/perf/decode.md "session 21").
+(docs/perf/decode.md, 2026-11-23, "host cost per layer, plan once per batch").
 
-Recording roles: vLLM makes one builder per KV-cache group (gpt-oss: a window group and a full
-one) and builds every group's metadata each step, all for the same scheduled tokens. So that a
-metric counts a step once, the builder holding the process's lowest layer index records the
-step's tokens, and for each layer kind (``layer_kind``) the builder with that kind's lowest layer
-index records the kind's routing series; every builder records the gather's bytes for its own
-layers (real work). Only tensor-parallel rank 0 of the first pipeline stage records tokens and
-routing (the other ranks plan the same batch). Builders made by ``for_model`` without layer
-names record everything, as if alone. The roles are decided at a builder's first build and
-again when the set of live builders changes, never per batch. Capture builds (vLLM's dummy
-runs) and draft builds record nothing.
+Recording roles (who records which series on a model of several KV-cache groups):
+``atom_backend.vllm.recording``.
 """
 
 from __future__ import annotations
@@ -43,10 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import sys
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -57,6 +46,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 
 from atom_backend import planning as _planner
 from atom_backend.execution import health
+from atom_backend.vllm.recording import REGISTRY, layer_kind, layer_rank, records_here
 from atom_backend.planning import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
 
 logger = logging.getLogger("atom_backend")
@@ -183,66 +173,6 @@ def planner_config(vllm_config, env=None) -> PlannerConfig:
     return cfg
 
 
-def layer_kind(facts: ModelFacts) -> str:
-    """The ``layer_kind`` label of a plan's layers: "window" (sliding window), else "sinks" (per-head
-    sink logits), else "full"; "mixed" when a group holds windowed and full layers (gpt-oss with
-    vLLM's hybrid KV-cache allocator off)."""
-    windows = set(facts.layer_windows)
-    if 0 in windows and len(windows) > 1:
-        return "mixed"
-    if facts.window > 0 or windows:
-        return "window"
-    return "sinks" if facts.has_sinks else "full"
-
-
-_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
-
-
-def layer_rank(layer_names) -> tuple[int, str]:
-    """Order of a builder among the process's: its lowest layer index ("model.layers.3.self_attn.attn"
-    -> 3), the name breaking ties, so that two builders of one group (vLLM's microbatches) rank
-    equal and both record their halves of the step."""
-    keys = [(int(m.group(1)) if (m := _LAYER_INDEX.search(n)) else sys.maxsize, n) for n in layer_names]
-    return min(keys) if keys else (sys.maxsize, "")
-
-
-class _Registry:
-    """The process's builders made by vLLM, weakly held; ``version`` changes with the set, so a
-    builder re-decides its roles only then."""
-
-    def __init__(self) -> None:
-        self.builders: weakref.WeakSet = weakref.WeakSet()
-        self.version = 0
-
-    def add(self, b) -> None:
-        self.builders.add(b)
-        weakref.finalize(b, self._changed)
-        self._changed()
-
-    def discard(self, b) -> None:
-        if b in self.builders:
-            self.builders.discard(b)
-            self._changed()
-
-    def _changed(self) -> None:
-        self.version += 1
-
-
-_REGISTRY = _Registry()
-
-
-def records_here() -> bool:
-    """Whether this process records tokens and routing: tensor-parallel rank 0 of the first pipeline
-    stage (every rank plans the same batch), or any process outside vLLM's distributed setup."""
-    try:
-        from vllm.distributed import parallel_state as ps
-    except ImportError:
-        return True
-    if not ps.model_parallel_is_initialized():
-        return True
-    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_pp_group().is_first_rank
-
-
 def _group_layers(vllm_config, layer_names):
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention import Attention
@@ -322,17 +252,17 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self._drafter = False
         self._roles = (-1, True, True)  # (registry version, records the step, records its kind's routing)
         if self._registered:
-            _REGISTRY.add(self)
+            REGISTRY.add(self)
 
     # -- recording roles ----------------------------------------------------------------
     def _decide_roles(self) -> tuple[int, bool, bool]:
-        version = _REGISTRY.version
+        version = REGISTRY.version
         if not self._registered:
             roles = (version, True, True)
         elif self._drafter or not records_here():
             roles = (version, False, False)
         else:
-            live = list(_REGISTRY.builders)
+            live = list(REGISTRY.builders)
             step = self._rank <= min(b._rank for b in live)
             routing = self._rank <= min(b._rank for b in live if b.layer_kind == self.layer_kind)
             roles = (version, step, routing)
@@ -341,7 +271,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
 
     def _record(self, p: Plan, seconds: float) -> None:
         roles = self._roles
-        if roles[0] != _REGISTRY.version:
+        if roles[0] != REGISTRY.version:
             roles = self._decide_roles()
         _metrics.record_plan(p, seconds, layer_kind=self.layer_kind, step=roles[1], routing=roles[2],
                              layers=self._num_layers)
@@ -398,7 +328,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         the drafted tokens). A builder that drafts leaves the recording roles to the target's."""
         if not self._drafter:
             self._drafter = True
-            _REGISTRY.discard(self)
+            REGISTRY.discard(self)
         return self._build(common_attn_metadata, record=False)
 
     def _build(self, cm: CommonAttentionMetadata, split_context: int | None = None,
