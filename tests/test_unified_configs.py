@@ -1,14 +1,62 @@
-"""The unified path's declared tiles: one table per target family, read by the launcher, whose
-run-time fallback is armed only where no table is declared."""
+"""The unified path's declared tiles: one table per target family, every sm_90a entry compiled
+ahead of time with the installed Triton (its bundled ptxas), and the launcher's run-time
+fallback armed only where no table is declared."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from atom_backend.unified import api, configs
+from atom_backend.planner import ModelFacts
+from atom_backend.unified import aot, api, configs
 from atom_backend.unified.configs import TileConfig
+
+
+def _first_variant_per_key(arch: str) -> dict:
+    """One launch of each table key, from the models a build without a model compiles."""
+    out = {}
+    for facts in aot.declared_facts(arch):
+        for v in aot.launch_variants(arch, facts):
+            out.setdefault(v.key, v)
+    return out
+
+
+def test_every_key_has_a_declared_entry_and_the_no_model_build_covers_them():
+    for family in configs.TABLES:
+        assert set(configs.TABLES[family]) == set(configs.KEYS), family
+    for family, archs in configs.FAMILY_ARCHS.items():
+        for arch in archs:
+            assert set(_first_variant_per_key(arch)) == set(configs.KEYS), arch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", configs.KEYS, ids=lambda k: "-".join(map(str, k)))
+def test_declared_sm90_entry_compiles(key):
+    v = _first_variant_per_key("sm_90a")[key]
+    assert v.cfg == configs.TABLES["sm_90"][key]
+    c = aot.compile_variant("sm_90a", v)
+    assert 0 < c.shared <= aot.SHARED_LIMIT["sm_90a"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(configs._GFX942), ids=lambda k: "-".join(map(str, k)))
+def test_gfx942_entries_fit_its_lds(key):
+    v = _first_variant_per_key("gfx942")[key]
+    assert v.cfg == configs.TABLES["gfx942"][key] != configs.SWEEP[key]
+    assert aot.compile_variant("gfx942", v).shared <= aot.SHARED_LIMIT["gfx942"]
+
+
+@pytest.mark.slow
+def test_shared_memory_over_the_arch_limit_fails_the_compile():
+    # the sweep's 64 x 128 decode tile at head_pad 128 needs 80 KiB of LDS (triton 3.6 and 3.9)
+    key = ("decode", 128, 64)
+    v = _first_variant_per_key("gfx942")[key]
+    sweep = dict(v.constexprs, BLOCK_N=configs.SWEEP[key].block_n)
+    v = replace(v, cfg=configs.SWEEP[key], constexprs=tuple(sorted(sweep.items())))
+    with pytest.raises(ValueError, match="shared memory, gfx942 has 65536"):
+        aot.compile_variant("gfx942", v)
 
 
 def test_default_config_reads_the_family_table(monkeypatch):
@@ -22,6 +70,19 @@ def test_default_config_reads_the_family_table(monkeypatch):
     assert configs.default_config(64, 8, 700, True, False, 0, "sm_90").num_stages == 1
     assert configs.family_of("cuda", 90) == "sm_90" and configs.family_of("hip", "gfx950") == "gfx950"
     assert configs.family_of("cuda", 100) is None and configs.family_of("hip", "gfx1250") is None
+
+
+def test_launch_variants_follow_the_launch_wrappers():
+    facts = ModelFacts(64, 8, 64, has_sinks=True, layer_windows=(0, 128))
+    vs = aot.launch_variants("sm_90a", facts, max_query_tokens=2)
+    decode = {(v.key, dict(v.constexprs)["USE_WINDOW"]) for v in vs if v.entry == "paged_decode"}
+    # decode rows: 8 query heads x 1 or 2 tokens -> 16 rows; full and windowed layers
+    assert decode == {(("decode", 64, 16), False), (("decode", 64, 16), True)}
+    attn = {v.key for v in vs if v.entry == "paged_attention"}
+    assert attn == {("decode", 64, 32), ("decode", 64, 64), ("prefill", 64, False), ("prefill", 64, True)}
+    assert all(dict(v.constexprs)["SPLIT"] == (v.entry == "paged_decode") for v in vs)
+    assert all(dict(v.constexprs)["HAS_SINKS"] and not dict(v.constexprs)["RETURN_LSE"] for v in vs)
+    assert aot.launch_variants("gfx1250", facts) == []
 
 
 def _launch_state(declared: bool):
