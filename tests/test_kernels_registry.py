@@ -11,6 +11,7 @@ import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,7 @@ from atom_backend.planning import rules
 from atom_backend.catalog.model import from_hf_config, parse_layer_windows
 from atom_backend.planning.rules import Entry, PathCaps, Signature
 from atom_backend.planning import ModelFacts, PlannerConfig, Reason, model_splitkv_reason, model_varlen_reason, plan
+from atom_backend.unified import aot
 from hip_kernels import runtime
 from hip_kernels import variants as hv
 
@@ -172,6 +174,7 @@ FRESH = textwrap.dedent("""
     from atom_backend.catalog.model import ModelSpec
     from hip_kernels import runtime
     arch = sys.argv[1]
+    runtime.observe_compiles(metrics.record_compile)  # what the backend's kernel health does
     tuning.apply(arch)  # what detect_platform does in a serving process
     spec = ModelSpec(64, 8, 64, kv_dtypes=("auto", "fp8"), has_sinks=True, layer_windows=(0, 128))
     needed = {}
@@ -211,8 +214,69 @@ def test_after_build_a_fresh_process_compiles_nothing(arch, tmp_path):
 def test_build_dry_run_and_no_model_builds_everything_declared():
     r = _cli("build", "--arch", "gfx950", "--dry-run")
     assert r.returncode == 0, r.stderr
+    names = {line.split()[-1] for line in r.stdout.splitlines() if line.strip()}
     declared = {e.variant for e in registry.entries_for("gfx950")}
-    assert {line.split()[-1] for line in r.stdout.splitlines() if line.strip()} == declared
+    assert {n for n in names if not n.startswith("unified.")} == declared
+    triton = {v.name for f in aot.declared_facts("gfx950") for v in aot.launch_variants("gfx950", f)}
+    assert {n for n in names if n.startswith("unified.")} == triton and len(triton) > 50
+
+
+def test_build_dry_run_lists_the_unified_triton_configs():
+    r = _cli("build", "--arch", "sm_90a", "--arch", "gfx1250", *GPT_OSS_FLAGS, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    names = {line.split()[-1] for line in r.stdout.splitlines() if line.startswith("sm_90a") and " unified " in line}
+    facts = [GPT_OSS, replace(GPT_OSS, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor")]
+    assert names == {v.name for f in facts for v in aot.launch_variants("sm_90a", f)}
+    assert "unified.paged_attention.bf16.bf16.d64.g8.128x64w4s3.sinks" in names
+    assert "unified.paged_decode.bf16.fp8_e4m3.d64.g8.16x64w4s3.window.sinks.per_tensor" in names
+    assert not any(line.startswith("gfx1250") and "unified." in line for line in r.stdout.splitlines())
+    assert "[gfx1250] unified (triton): skipped, no declared unified tile table for gfx1250" in r.stderr
+
+
+class PTXASError(RuntimeError):
+    """What triton raises when ptxas crashes."""
+
+
+def _fake_compilers(monkeypatch, triton_compile, cannot=""):
+    """HIP variants compile instantly; Triton configs through ``triton_compile``."""
+    monkeypatch.setattr(runtime, "toolchain_for", lambda arch: None)
+    monkeypatch.setattr(runtime, "compile_variant", lambda v, arch: SimpleNamespace(cache_hit=False, seconds=0.0))
+    monkeypatch.setattr(aot, "compile_variant", triton_compile)
+    monkeypatch.setattr(aot, "cannot_compile", lambda arch: cannot)
+
+
+def test_build_fails_on_a_triton_config_ptxas_rejects(monkeypatch, capsys):
+    from atom_backend.catalog import __main__ as cli
+
+    def compile_variant(arch, v):
+        if (v.cfg.block_m, v.cfg.block_n, v.cfg.num_stages) == (128, 64, 3):
+            raise PTXASError("PTXAS error: `ptxas` failed with error code -11\n`ptxas` stderr:")
+        return aot.Compiled(0.0, False, 1024)
+
+    _fake_compilers(monkeypatch, compile_variant)
+    rc = cli.main(["build", "--arch", "sm_90a", *GPT_OSS_FLAGS, "-j", "1", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    failed = [line for line in out.splitlines() if line.strip().startswith("FAILED")]
+    # the full-attention prefill tile of the bf16 and of the fp8 cache
+    assert len(failed) == 2, out
+    assert all("FAILED sm_90a unified.paged_attention." in f and ".128x64w4s3." in f and "PTXASError" in f
+               for f in failed), failed
+    assert " 2 failed" in out.splitlines()[0]
+
+
+def test_build_skips_triton_configs_where_triton_cannot_compile(monkeypatch, capsys):
+    from atom_backend.catalog import __main__ as cli
+
+    def compile_variant(arch, v):
+        raise AssertionError("nothing is compiled for a target Triton cannot build for")
+
+    _fake_compilers(monkeypatch, compile_variant, cannot="Triton cannot compile for gfx942 here (no backend)")
+    rc = cli.main(["build", "--arch", "gfx942", *GPT_OSS_FLAGS, "-j", "1", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "  skipped gfx942 unified (triton): Triton cannot compile for gfx942 here (no backend)" in out
+    assert "FAILED" not in out and " 0 failed" in out
 
 
 # -- tables ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     list   [--json] [--arch A]                  every declared variant (the registry)
     check  --arch A (--model CONFIG | flags)     per path: the variants a model needs, or the reason
     build  --arch A [--arch B ...] [--model CONFIG | flags] [-j N] [--dry-run]
-                                                 compile them into $ATOM_KERNEL_CACHE
+                                                 compile them into $ATOM_KERNEL_CACHE, and the
+                                                 unified path's declared Triton tiles for A
     tables [--arch A]                            which tuning / cost tables apply (or the defaults)
 
 CONFIG: a Hugging Face config.json (or its directory). Flags instead: --heads, --kv-heads,
@@ -138,9 +139,12 @@ def cmd_build(args) -> int:
         for what, path, r in j.refusals:
             print(f"[{j.arch}] {what}: {path} not built here ({r}); those requests run on the Triton path",
                   file=sys.stderr)
+    for j in jobs:
+        if j.triton_skip:
+            print(f"[{j.arch}] unified (triton): skipped, {j.triton_skip}", file=sys.stderr)
     if args.dry_run:
         for j in jobs:
-            for v in j.variants:
+            for v in j.variants + j.triton:
                 print(f"{j.arch:8s} {j.why.get(v.name, ''):24s} {v.name}")
         return 0
     t0 = time.perf_counter()

@@ -44,7 +44,8 @@ COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/varlen_
                   "hip_kernels/src/prefill_tiles.h", "hip_kernels/src/fp8_pack.h", "hip_kernels/tma.py",
                   "hip_kernels/src/gather.hip", "hip_kernels/prefill.py", "hip_kernels/gather.py",
                   "hip_kernels/include/atom_mma.h", "hip_kernels/include/atom_device.h",
-                  "atom_backend/unified/_kernels.py", "atom_backend/unified/api.py")
+                  "atom_backend/unified/_kernels.py", "atom_backend/unified/api.py",
+                  "atom_backend/unified/configs.py")
 
 
 # C/C++/HIP tokens that matter for a fingerprint: literals kept whole (a "//" inside a string is

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from . import configs
+from .configs import TileConfig, default_config, kernel_constexprs, next_pow2
+
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
@@ -35,38 +38,18 @@ def _kernels():
     return k
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+_families: dict = {}
 
 
-@dataclass(frozen=True)
-class TileConfig:
-    """Tile shape of one launch. block_m rows = block_q tokens x hg heads of one kv head."""
+def _family():
+    """The tile table (configs.TABLES key) of the device Triton compiles for: the current one."""
+    dev = torch.cuda.current_device()
+    if dev not in _families:
+        from triton.runtime import driver
 
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-def default_config(head_pad: int, group: int, max_seqlen_q: int, interpret: bool, kv_fp8: bool,
-                   window: int = 0) -> TileConfig:
-    """Heuristic tiles, from the H100 sweep in docs/perf/unified.md."""
-    if interpret:
-        # fewer, larger programs: the interpreter's cost is per program and per tile
-        return TileConfig(block_m=max(16, min(64, _next_pow2(group * max(1, max_seqlen_q)))), block_n=32,
-                          num_warps=4, num_stages=1)
-    if max_seqlen_q * group <= 64:
-        # decode / speculative decode: memory bound, few rows; K/V streaming dominates
-        bm = max(16, _next_pow2(min(group, 64) * max(1, max_seqlen_q)))
-        bn = {64: 64, 128: 128}.get(head_pad, 64 if head_pad < 128 else 32)
-        return TileConfig(block_m=bm, block_n=bn, num_warps=4, num_stages=3)
-    if head_pad <= 64:
-        # a short window leaves few key tiles per q tile: narrower tiles waste less on masks
-        return TileConfig(block_m=128, block_n=32 if 0 < window <= 256 else 64, num_warps=4, num_stages=3)
-    if head_pad <= 128:
-        return TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3)
-    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+        t = driver.active.get_current_target()
+        _families[dev] = configs.family_of(t.backend, t.arch)
+    return _families[dev]
 
 
 def _as_scale(x, device, what: str):
@@ -95,6 +78,7 @@ class _Launch:
     grid_tiles: int
     grid_heads: int
     interpret: bool
+    declared: bool  # cfg is its target's table entry: kernels build compiled it, no retry
 
 
 def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_seqlen_q, scale, causal, window,
@@ -159,10 +143,13 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
     interpret = _interpreting()
     _check(dev.type in ("cpu", "cuda"), f"unsupported device {dev} (CUDA or ROCm GPUs, or CPU under TRITON_INTERPRET=1)")
     group = hq // hk
-    head_pad = max(16, _next_pow2(d))
-    cfg = config or default_config(head_pad, group, max_seqlen_q, interpret, kv_fp8, window)
-    hg = min(group, cfg.block_m)
-    block_q = cfg.block_m // hg
+    head_pad = max(16, next_pow2(d))
+    family = _family() if config is None and dev.type == "cuda" and not interpret else None
+    cfg = config or default_config(head_pad, group, max_seqlen_q, interpret, kv_fp8, window, family)
+    const = kernel_constexprs(cfg, group=group, head_dim=d, page_size=page_size, q_fp32=q.dtype == torch.float32,
+                              kv_fp8=kv_fp8, window=window, sink_tokens=sink_tokens, has_sinks=sinks is not None,
+                              softcap=softcap, per_tensor=per_tensor, per_page=per_page, causal=causal)
+    hg, block_q = const["HG"], const["BLOCK_Q"]
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if softcap > 0:
         cap_in, cap_out, qk_scale = sm_scale / softcap, softcap * LOG2E, 0.0
@@ -182,14 +169,11 @@ def _prepare(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, max_se
         stride_vb=v_cache.stride(0), stride_vt=v_cache.stride(1), stride_vh=v_cache.stride(2),
         stride_bt=block_table.stride(0),
         qk_scale=qk_scale, cap_in=cap_in, cap_out=cap_out, window=int(window), sink_tokens=int(sink_tokens),
-        GROUP=group, HG=hg, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        HEAD_DIM=d, HEAD_PAD=head_pad, PAD_D=head_pad != d, PAGE_SIZE=page_size,
-        CAUSAL=bool(causal), USE_WINDOW=window > 0, USE_SINK_TOKENS=window > 0 and sink_tokens > 0,
-        USE_SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, PER_TENSOR=per_tensor, PER_PAGE=per_page,
-        DOT_IEEE=q.dtype == torch.float32, PV_FP16=kv_fp8 and q.dtype != torch.float32,
+        **const,
     )
     return _Launch(kern=_kernels(), args=args, cfg=cfg, hg=hg, block_q=block_q,
-                   grid_tiles=total_q // block_q + batch, grid_heads=hk * (-(-group // hg)), interpret=interpret)
+                   grid_tiles=total_q // block_q + batch, grid_heads=hk * (-(-group // hg)), interpret=interpret,
+                   declared=family in configs.TABLES)
 
 
 _COMPILE_ERRORS = ("PTXASError", "CompilationError", "OutOfResources", "CompileTimeAssertionFailure")
@@ -197,8 +181,9 @@ _fallback_cfg: dict = {}
 
 
 def _fallbacks(cfg: TileConfig):
-    """Configs to try when a variant fails to build (a ptxas crash was seen once on triton 3.6, or
-    too little shared memory): same rows (the grid depends on them), lighter pipelines."""
+    """Configs to try when a variant fails to build on a target without a table, or with a config
+    the caller chose (ptxas crashes, too little shared memory): same rows (the grid depends on
+    them), lighter pipelines."""
     seen = [cfg]
     for c in (TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, max(1, cfg.num_stages - 1)),
               TileConfig(cfg.block_m, max(16, cfg.block_n // 2), cfg.num_warps, 2),
@@ -209,9 +194,14 @@ def _fallbacks(cfg: TileConfig):
 
 
 def _launch(kernel, grid, L, **extra):
-    """Launch; if this variant does not build, fall back to a lighter config (remembered)."""
+    """Launch; if this variant does not build, fall back to a lighter config (remembered), except
+    for a declared config: kernels build and the tests compile those, so a failure there is a
+    regression to see, not to pay for silently on every process's first request."""
     if L.interpret:
         kernel[grid](**extra, **L.args)
+        return
+    if L.declared:
+        kernel[grid](**extra, **L.args, num_warps=L.cfg.num_warps, num_stages=L.cfg.num_stages)
         return
     const = tuple(sorted((k, v) for k, v in {**L.args, **extra}.items() if k.isupper()))
     key = (kernel.__name__ if hasattr(kernel, "__name__") else id(kernel), const, L.cfg)
@@ -350,7 +340,7 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
                 SPLIT=True, RETURN_LSE=False)
         L.kern.combine_kernel[(total_q, hq)](
             o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=max(2, _next_pow2(num_splits)), HEAD_DIM=d,
+            NUM_SPLITS=num_splits, SPLITS_PAD=max(2, next_pow2(num_splits)), HEAD_DIM=d,
             HEAD_PAD=L.args["HEAD_PAD"], HAS_SINKS=sinks is not None, RETURN_LSE=return_lse,
             **({} if L.interpret else {"num_warps": 4 if d >= 128 else 2}))
     res = (out, lse) if return_lse else out
