@@ -1,0 +1,136 @@
+"""Digests of the compiled code of every declared kernel variant, to prove a source edit changes
+no machine code (a move, a split into headers, a deleted switch that production never set).
+
+    python -m bench.kernel_digests --out before.json                 # sm_90a, gfx942, gfx950
+    python -m bench.kernel_digests --arch gfx942 --out amd.json
+    python -m bench.kernel_digests --compare before.json after.json [--ignore-define EXP_POLY]
+
+Every variant of hip_kernels.variants.all_variants() is compiled through
+hip_kernels.runtime.compile_variant into a fresh, private kernel cache (ATOM_KERNEL_CACHE is set
+to a new temporary directory for the run, so nothing comes from an earlier build), and the JSON
+holds {arch: {variant name: digest}}:
+- sm_90a: sha256 of the cubin NVRTC returns (NVRTC writes no path or time into it);
+- gfx*: sha256 of the code object clang-22 returns, and, beside it under "<arch>:text", of its
+  `.text` section alone (llvm-objcopy-22 --dump-section), in case a code object differs only in
+  notes or symbols.
+
+--compare matches variants by (kernel, defines): a define named in --ignore-define is dropped
+from both sides first (a switch that left the kernel and the variant's name with it), and it
+prints, per arch, how many are identical, differ, or exist on one side only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARCHS = ("sm_90a", "gfx942", "gfx950")
+
+
+def text_section(binary: bytes) -> bytes | None:
+    """The `.text` section of an ELF code object (llvm-objcopy), or None without the tool."""
+    exe = shutil.which("llvm-objcopy-22") or shutil.which("llvm-objcopy")
+    if not exe:
+        return None
+    with tempfile.TemporaryDirectory(prefix="atom_digest_") as tmp:
+        co, out = Path(tmp) / "k.co", Path(tmp) / "text.bin"
+        co.write_bytes(binary)
+        subprocess.run([exe, f"--dump-section=.text={out}", str(co), str(Path(tmp) / "discard.co")],
+                       check=True, capture_output=True)
+        return out.read_bytes()
+
+
+def digests(archs, only: str | None = None, verbose: bool = True) -> dict:
+    cache = tempfile.mkdtemp(prefix="atom_digest_cache_")
+    os.environ["ATOM_KERNEL_CACHE"] = cache  # runtime.cache_dir() reads it at every compile
+    os.environ.pop("ATOM_NO_COMPILE", None)
+    from hip_kernels import runtime, variants
+
+    out: dict = {}
+    try:
+        for arch in archs:
+            full, text = out.setdefault(arch, {}), {}
+            for _, v in variants.all_variants():
+                if only and only not in v.name:
+                    continue
+                t0 = time.perf_counter()
+                c = runtime.compile_variant(v, arch)
+                if c.cache_hit:  # a variant declared twice; the cache was empty at the start
+                    raise SystemExit(f"{v.name} for {arch}: came from the cache (declared twice?)")
+                full[v.name] = hashlib.sha256(c.binary).hexdigest()
+                if runtime.is_amd_arch(arch):
+                    sec = text_section(c.binary)
+                    if sec is not None:
+                        text[v.name] = hashlib.sha256(sec).hexdigest()
+                if verbose:
+                    print(f"{arch:7s} {time.perf_counter() - t0:6.1f} s  {full[v.name][:16]}  {v.name}",
+                          file=sys.stderr, flush=True)
+            if text:
+                out[f"{arch}:text"] = text
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+_NAME = re.compile(r"^([^\[]+)(?:\[(.*)\])?$")
+
+
+def _key(name: str, ignore: set) -> tuple:
+    """(kernel, defines without the ignored ones) of a variant name 'kernel[A=1,B=2]'."""
+    kernel, defs = _NAME.match(name).groups()
+    pairs = tuple(sorted(p for p in (defs.split(",") if defs else []) if p.partition("=")[0] not in ignore))
+    return kernel, pairs
+
+
+def compare(old: dict, new: dict, ignore: set) -> int:
+    """Prints the comparison; returns the number of differing or unmatched variants."""
+    bad = 0
+    for arch in sorted(set(old) | set(new)):
+        a = {_key(n, ignore): d for n, d in old.get(arch, {}).items()}
+        b = {_key(n, ignore): d for n, d in new.get(arch, {}).items()}
+        same = [k for k in a if k in b and a[k] == b[k]]
+        diff = [k for k in a if k in b and a[k] != b[k]]
+        only_old, only_new = [k for k in a if k not in b], [k for k in b if k not in a]
+        print(f"{arch:12s} identical {len(same):4d}  differing {len(diff):3d}  only before {len(only_old):3d}  "
+              f"only after {len(only_new):3d}")
+        for tag, keys in (("differs", diff), ("only before", only_old), ("only after", only_new)):
+            for kernel, pairs in keys:
+                print(f"    {tag}: {kernel}[{','.join(pairs)}]")
+        if not arch.endswith(":text"):
+            bad += len(diff) + len(only_old) + len(only_new)
+    return bad
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", action="append", default=[], help=f"repeatable; default {', '.join(ARCHS)}")
+    ap.add_argument("--only", default=None, help="only variants whose name contains this text")
+    ap.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two digest files")
+    ap.add_argument("--ignore-define", action="append", default=[], help="with --compare (repeatable)")
+    args = ap.parse_args(argv)
+    if args.compare:
+        old, new = (json.loads(Path(p).read_text()) for p in args.compare)
+        sys.exit(1 if compare(old, new, set(args.ignore_define)) else 0)
+    t0 = time.perf_counter()
+    out = digests(args.arch or ARCHS, args.only)
+    text = json.dumps(out, indent=1, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    n = sum(len(v) for k, v in out.items() if ":" not in k)
+    print(f"{n} compiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
