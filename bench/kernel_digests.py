@@ -9,10 +9,14 @@ Every variant of hip_kernels.variants.all_variants() is compiled through
 hip_kernels.runtime.compile_variant into a fresh, private kernel cache (ATOM_KERNEL_CACHE is set
 to a new temporary directory for the run, so nothing comes from an earlier build), and the JSON
 holds {arch: {variant name: digest}}:
-- sm_90a: sha256 of the cubin NVRTC returns (NVRTC writes no path or time into it);
-- gfx*: sha256 of the code object clang-22 returns, and, beside it under "<arch>:text", of its
-  `.text` section alone (llvm-objcopy-22 --dump-section), in case a code object differs only in
-  notes or symbols.
+- sm_90a: sha256 of the cubin NVRTC returns (the same source, defines and file name give the same
+  bytes; a changed line count does not matter, but the set of namespace-scope constants does: NVRTC
+  emits each as a device global, whose constant-bank offsets are in the code);
+- gfx*: sha256 of the code object clang-22 returns with its one run-to-run difference taken out:
+  clang names a symbol __hip_cuid_<hash of the input file's path>, and the runtime compiles from a
+  fresh temporary directory, so that name (normalised here) and the symbol hash tables derived from
+  it (.hash, .gnu.hash: zeroed here) differ between two builds of the same source. Beside it, under
+  "<arch>:text", the sha256 of the `.text` section alone.
 
 --compare matches variants by (kernel, defines): a define named in --ignore-define is dropped
 from both sides first (a switch that left the kernel and the variant's name with it), and it
@@ -27,7 +31,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
+import struct
 import sys
 import tempfile
 import time
@@ -36,17 +40,35 @@ from pathlib import Path
 ARCHS = ("sm_90a", "gfx942", "gfx950")
 
 
-def text_section(binary: bytes) -> bytes | None:
-    """The `.text` section of an ELF code object (llvm-objcopy), or None without the tool."""
-    exe = shutil.which("llvm-objcopy-22") or shutil.which("llvm-objcopy")
-    if not exe:
-        return None
-    with tempfile.TemporaryDirectory(prefix="atom_digest_") as tmp:
-        co, out = Path(tmp) / "k.co", Path(tmp) / "text.bin"
-        co.write_bytes(binary)
-        subprocess.run([exe, f"--dump-section=.text={out}", str(co), str(Path(tmp) / "discard.co")],
-                       check=True, capture_output=True)
-        return out.read_bytes()
+def elf_sections(binary: bytes) -> dict:
+    """{name: (offset, size)} of an ELF64 little-endian object's sections."""
+    shoff, = struct.unpack_from("<Q", binary, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQ", binary, shoff + i * shentsize) for i in range(shnum)]
+    str_off = heads[shstrndx][4]
+    out = {}
+    for name, _type, _flags, _addr, off, size in heads:
+        end = binary.index(b"\0", str_off + name)
+        out[binary[str_off + name:end].decode()] = (off, size if _type != 8 else 0)  # SHT_NOBITS: no bytes
+    return out
+
+
+_CUID = re.compile(rb"__hip_cuid_[0-9a-f]{16}")
+
+
+def amd_normalised(binary: bytes) -> bytes:
+    """The code object with the input-path-derived __hip_cuid_ name fixed and .hash / .gnu.hash zeroed."""
+    b = bytearray(_CUID.sub(b"__hip_cuid_" + b"0" * 16, binary))
+    for name, (off, size) in elf_sections(binary).items():
+        if name in (".hash", ".gnu.hash"):
+            b[off:off + size] = bytes(size)
+    return bytes(b)
+
+
+def text_section(binary: bytes) -> bytes:
+    """The `.text` section of an ELF code object."""
+    off, size = elf_sections(binary)[".text"]
+    return binary[off:off + size]
 
 
 def digests(archs, only: str | None = None, verbose: bool = True) -> dict:
@@ -66,11 +88,11 @@ def digests(archs, only: str | None = None, verbose: bool = True) -> dict:
                 c = runtime.compile_variant(v, arch)
                 if c.cache_hit:  # a variant declared twice; the cache was empty at the start
                     raise SystemExit(f"{v.name} for {arch}: came from the cache (declared twice?)")
-                full[v.name] = hashlib.sha256(c.binary).hexdigest()
                 if runtime.is_amd_arch(arch):
-                    sec = text_section(c.binary)
-                    if sec is not None:
-                        text[v.name] = hashlib.sha256(sec).hexdigest()
+                    full[v.name] = hashlib.sha256(amd_normalised(c.binary)).hexdigest()
+                    text[v.name] = hashlib.sha256(text_section(c.binary)).hexdigest()
+                else:
+                    full[v.name] = hashlib.sha256(c.binary).hexdigest()
                 if verbose:
                     print(f"{arch:7s} {time.perf_counter() - t0:6.1f} s  {full[v.name][:16]}  {v.name}",
                           file=sys.stderr, flush=True)
