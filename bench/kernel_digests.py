@@ -12,11 +12,11 @@ holds {arch: {variant name: digest}}:
 - sm_90a: sha256 of the cubin NVRTC returns (the same source, defines and file name give the same
   bytes; a changed line count does not matter, but the set of namespace-scope constants does: NVRTC
   emits each as a device global, whose constant-bank offsets are in the code);
-- gfx*: sha256 of the code object clang-22 returns with its one run-to-run difference taken out:
-  clang names a symbol __hip_cuid_<hash of the input file's path>, and the runtime compiles from a
-  fresh temporary directory, so that name (normalised here) and the symbol hash tables derived from
-  it (.hash, .gnu.hash: zeroed here) differ between two builds of the same source. Beside it, under
-  "<arch>:text", the sha256 of the `.text` section alone.
+- gfx*: a sha256 of the code object clang-22 returns with its one run-to-run difference taken out
+  (amd_code_digest): clang names a symbol __hip_cuid_<hash of the input file's path, 1-16 hex digits>,
+  and the runtime compiles from a fresh temporary directory, so that name, the symbol hash tables
+  derived from it and the file offsets after it differ between two builds of the same source. Beside
+  it, under "<arch>:text", the sha256 of the `.text` section alone.
 
 --compare matches variants by (kernel, defines): a define named in --ignore-define is dropped
 from both sides first (a switch that left the kernel and the variant's name with it), and it
@@ -40,29 +40,60 @@ from pathlib import Path
 ARCHS = ("sm_90a", "gfx942", "gfx950")
 
 
-def elf_sections(binary: bytes) -> dict:
-    """{name: (offset, size)} of an ELF64 little-endian object's sections."""
+def _section_headers(binary: bytes) -> list:
+    """[(name, type, flags, offset, size, link, entsize)] of an ELF64 little-endian object's sections."""
     shoff, = struct.unpack_from("<Q", binary, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQ", binary, shoff + i * shentsize) for i in range(shnum)]
+    heads = [struct.unpack_from("<IIQQQQIIQQ", binary, shoff + i * shentsize) for i in range(shnum)]
     str_off = heads[shstrndx][4]
-    out = {}
-    for name, _type, _flags, _addr, off, size in heads:
+    out = []
+    for name, typ, flags, _addr, off, size, link, _info, _align, entsize in heads:
         end = binary.index(b"\0", str_off + name)
-        out[binary[str_off + name:end].decode()] = (off, size if _type != 8 else 0)  # SHT_NOBITS: no bytes
+        out.append((binary[str_off + name:end].decode(), typ, flags, off, size, link, entsize))
     return out
 
 
-_CUID = re.compile(rb"__hip_cuid_[0-9a-f]{16}")
+def elf_sections(binary: bytes) -> dict:
+    """{name: (offset, size)} of an ELF64 little-endian object's sections (size 0 for SHT_NOBITS)."""
+    return {name: (off, size if typ != 8 else 0) for name, typ, _f, off, size, _l, _e in _section_headers(binary)}
 
 
-def amd_normalised(binary: bytes) -> bytes:
-    """The code object with the input-path-derived __hip_cuid_ name fixed and .hash / .gnu.hash zeroed."""
-    b = bytearray(_CUID.sub(b"__hip_cuid_" + b"0" * 16, binary))
-    for name, (off, size) in elf_sections(binary).items():
-        if name in (".hash", ".gnu.hash"):
-            b[off:off + size] = bytes(size)
-    return bytes(b)
+# clang names a symbol after a hash of the input file's path (the runtime compiles from a fresh temporary
+# directory), in up to 16 hex digits
+_CUID = re.compile(rb"__hip_cuid_[0-9a-f]{1,16}")
+
+
+def amd_code_digest(binary: bytes) -> str:
+    """sha256 of a code object's sections, in order, with the __hip_cuid_ name taken out: each section's
+    name, type, flags and bytes; string tables with that name replaced; symbol tables as (name, info,
+    other, section, value, size) per symbol; .hash / .gnu.hash (derived from the names) and .dynamic's
+    DT_STRSZ left out. File offsets are not in it: they move with the name's length."""
+    h = hashlib.sha256()
+    heads = _section_headers(binary)
+    def strings(i):
+        _n, _t, _f, off, size, _l, _e = heads[i]
+        return binary[off:off + size]
+    for name, typ, flags, off, size, link, entsize in heads:
+        h.update(f"{name}:{typ}:{flags};".encode())
+        if name in (".hash", ".gnu.hash") or typ == 8:  # derived from the names; SHT_NOBITS: no bytes
+            h.update(str(size).encode() if typ == 8 else b"")
+            continue
+        data = binary[off:off + size]
+        if typ in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            tab = strings(link)
+            for i in range(0, size, entsize):
+                st_name, st_info, st_other, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, i)
+                nm = _CUID.sub(b"__hip_cuid_", tab[st_name:tab.index(b"\0", st_name)])
+                h.update(nm + struct.pack("<BBHQQ", st_info, st_other, st_shndx, st_value, st_size))
+        elif typ == 3:  # SHT_STRTAB
+            h.update(_CUID.sub(b"__hip_cuid_", data))
+        elif typ == 6:  # SHT_DYNAMIC: (tag, value) pairs; DT_STRSZ (10) is .dynstr's size, which holds the name
+            for i in range(0, size, 16):
+                tag, val = struct.unpack_from("<qQ", data, i)
+                h.update(struct.pack("<qQ", tag, 0 if tag == 10 else val))
+        else:
+            h.update(data)
+    return h.hexdigest()
 
 
 def text_section(binary: bytes) -> bytes:
@@ -89,7 +120,7 @@ def digests(archs, only: str | None = None, verbose: bool = True) -> dict:
                 if c.cache_hit:  # a variant declared twice; the cache was empty at the start
                     raise SystemExit(f"{v.name} for {arch}: came from the cache (declared twice?)")
                 if runtime.is_amd_arch(arch):
-                    full[v.name] = hashlib.sha256(amd_normalised(c.binary)).hexdigest()
+                    full[v.name] = amd_code_digest(c.binary)
                     text[v.name] = hashlib.sha256(text_section(c.binary)).hexdigest()
                 else:
                     full[v.name] = hashlib.sha256(c.binary).hexdigest()
