@@ -1,21 +1,19 @@
 """SM clock, board power and throttle reasons while one prefill path runs without pause, per shape.
 
-    python -m bench.clocks [--only TEXT] [--seconds 4] [--define NAME=VALUE ...]
+    python -m bench.clocks [--only TEXT] [--seconds 4]
 
 For each bench.prefill shape that has FP8 rows (or --only's), times our bf16 kernel and the FP8 kernel
 (per page, per tensor; no gather) back to back for --seconds each while `nvidia-smi` samples the GPU
 every 50 ms, and prints the medians of the samples taken under load with the sustained TFLOP/s.
 Under a power cap (throttle reason `sw_power_cap`), a path's clock is set by its energy per cycle: the
 ratio of two paths' TFLOP/s is then their cycles-per-row ratio times their clock ratio (H100 at 700 W:
-docs/perf/prefill.md, 2026-11-26, "both kernels run at the 700 W power cap"). --define builds the Hopper
-kernel with that define too (a timing-only switch, for where the energy goes). Needs nvidia-smi (NVIDIA
+docs/perf/prefill.md, 2026-11-26, "both kernels run at the 700 W power cap"). Needs nvidia-smi (NVIDIA
 only).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import statistics
 import subprocess
@@ -96,7 +94,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="only shapes whose label contains this text")
     ap.add_argument("--seconds", type=float, default=4.0, help="run time of each path")
-    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE for the Hopper kernel's builds")
     args = ap.parse_args()
     if shutil.which("nvidia-smi") is None:
         raise SystemExit("bench.clocks needs nvidia-smi")
@@ -106,18 +103,12 @@ def main() -> None:
 
     from atom_backend.catalog import tuning
     from bench import prefill as bp
-    from bench.common import device_name, hopper_tables, parse_defines
+    from bench.common import device_name
     from hip_kernels import prefill
 
     tuning.apply(prefill._default_arch())
-    extra = parse_defines(args.define)
-    for t in hopper_tables():
-        for hd, cfg in list(t.items()):
-            t[hd] = dataclasses.replace(cfg, extra=cfg.extra + extra)
-    prefill._variant.cache_clear()
     torch.manual_seed(0)
-    print(f"device: {device_name()}; medians of nvidia-smi samples under {args.seconds:g} s of back-to-back calls"
-          f"{'; defines ' + str(dict(extra)) if extra else ''}\n")
+    print(f"device: {device_name()}; medians of nvidia-smi samples under {args.seconds:g} s of back-to-back calls\n")
     print("| shape | path | TFLOP/s | SM MHz | W | C | throttle reasons |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for label, seqs, hq, hk, d, kw in bp.SHAPES:

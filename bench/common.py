@@ -22,13 +22,17 @@ def parse_defines(items: list) -> tuple:
     return tuple(out)
 
 
-def hopper_tables() -> tuple:
-    """The Hopper prefill's tile tables (16-bit, window, FP8 per page / per tensor / per key) that a
-    bench may rebuild with extra defines; it restores them (dict(t) copies) when it is done."""
+def serving_build(head_dim: int, window: int = 0, fp8: str | None = None, *, source: str | None = None,
+                  defines: tuple = (), **fields):
+    """The tile a serving process launches on this device for that shape (call tuning.apply first for its
+    arch's tuned tiles) as an explicit build (prefill.Build): another source (a bench overlay), extra
+    defines, tile fields replaced (prefill.Config's, e.g. num_warps=8)."""
+    import dataclasses
+
     from hip_kernels import prefill
 
-    return (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS,
-            prefill.FP8_KEY_CONFIGS)
+    cfg = prefill.config_for(head_dim, window, prefill._default_arch(), fp8)
+    return prefill.Build(dataclasses.replace(cfg, **fields), source=source, defines=defines)
 
 
 def bench_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:

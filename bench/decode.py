@@ -93,10 +93,11 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
     return 2 * batch * ctx * HK * D * elem + 2 * batch * HQ * D * 2  # K + V, plus q and out
 
 
-def run_ours(c, splits, tune=None, with_combine=True, impl=None):
+def run_ours(c, splits, tune=None, with_combine=True, impl=None, source=None):
     """One decode step over `splits` splits, every request on all of them: what the backend
     launches at the planner's own count for a batch of one length (its SplitRule then keeps every
-    split, tests/test_planner.py), and exactly the count asked for otherwise (sweeps)."""
+    split, tests/test_planner.py), and exactly the count asked for otherwise (sweeps). tune / source: the split
+    kernel's extra defines and source file (a bench overlay), for the partials alone."""
     ws = torch.empty(decode.workspace_elems(splits, c["q"].shape[0], HQ, D), dtype=torch.float32, device="cuda")
     out = torch.empty_like(c["q"])
 
@@ -106,7 +107,8 @@ def run_ours(c, splits, tune=None, with_combine=True, impl=None):
                                   num_splits=splits, out=out, workspace=ws, impl=impl, **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                    num_splits=splits, workspace=ws, _tune=tune, impl=impl, **c["scales"])
+                                    num_splits=splits, workspace=ws, _tune=tune, _source=source, impl=impl,
+                                    **c["scales"])
 
     return fn
 

@@ -4,8 +4,8 @@
 and of SDPA cuDNN on dense KV, per issue-6 shape; the read-only bandwidth of a large reduction
 as a second ceiling; pages in order vs shuffled. `one --case C --shape BxN`: run one case a few
 times between cudaProfilerStart/Stop, for `ncu --profile-from-start off`. `tunes --tunes JSON`:
-variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"DRY": 1}]') beside
-the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
+variants of the tensor-core kernel (extra defines, e.g. '[{"NUM_WARPS": 2}, {"dry": 1}]'; "dry": its copies
+without the math, a bench overlay) beside the default, checked against its output (`--sequential`: pages in order, `--hnd`: head-major
 pages). `variants`, `layout`: split counts, cache layouts. `capture_splits`: the split count a
 vLLM decode graph keeps (sized for a long max_model_len) against the eager planner's, on short
 contexts. `split_grid`: power-of-two split counts and the planner's over batch sizes x context
@@ -28,12 +28,62 @@ from atom_backend.planning import PlannerConfig, decode_split_rule, decode_split
 
 # Short case names of the diagnostics -> bench.decode.build's KV kinds.
 KV_KINDS = {"bf16": "bf16", "fp8t": "fp8_tensor", "fp8p": "fp8_page"}
-# Keys of a tune that are launch options, not kernel defines.
-LAUNCH_KEYS = ("balanced", "splits")
+# Keys of a tune that are launch options or a bench build, not kernel defines.
+LAUNCH_KEYS = ("balanced", "splits", "dry")
 
 
 def kernel_defines(tune) -> dict:
     return {k: v for k, v in (tune or {}).items() if k not in LAUNCH_KEYS}
+
+
+# Bench builds of the tensor-core split kernel (hip_kernels/src/decode_mma.hip, bench/overlay.py).
+_KERNEL_END = "        if (d == 0 && lse_out != nullptr) lse_out[row] = lse;\n      }\n    }\n  }\n}\n"
+_STAMPS = """
+ATOM_DEV unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+ATOM_DEV unsigned int sm_id() {
+  unsigned int r;
+  asm volatile("mov.u32 %0, %smid;" : "=r"(r));
+  return r;
+}
+"""
+_ENTRY = """  // [entry, first chunk landed, loop done, end, sm]: 8 u64 per CTA after the workspace.
+  unsigned long long* tl = reinterpret_cast<unsigned long long*>(
+      o_partial + (((long long)num_splits * total_q * num_q_heads * (D + 1) + 1) & ~1LL)) +
+      8 * (((long long)s * atom::gdim_y() + b) * atom::gdim_x() + atom::bid_x());
+  if (tid == 0) {
+    tl[0] = now_ns();
+    tl[4] = sm_id();
+  }
+"""
+
+
+def mma_edits(dry: bool = False, timeline: bool = False) -> list:
+    """dry: the copies without the math (timing only: results are wrong). timeline: per-CTA
+    %globaltimer stamps after the workspace (results unchanged; NVIDIA only)."""
+    from bench import overlay
+
+    edits = [overlay.replace("      compute(c);\n", "      (void)c;  // dry: the copies without the math\n")] if dry else []
+    if timeline:
+        edits += [overlay.after('#include "splitkv_combine.h"\n', _STAMPS),
+                  overlay.after("  const int warp = tid / WARP;\n", _ENTRY),
+                  overlay.before("      if (FP8 && per_page && c == 0) {", "      if (c == 0 && tid == 0) tl[1] = now_ns();\n"),
+                  overlay.after("  atom::sync_block();  // the ring becomes the merge buffer\n",
+                                "  if (tid == 0) tl[2] = now_ns();\n"),
+                  overlay.replace(_KERNEL_END, _KERNEL_END[:-2] + "  atom::sync_block();\n  if (tid == 0) tl[3] = now_ns();\n}\n")]
+    return edits
+
+
+def mma_source(dry: bool = False, timeline: bool = False) -> str | None:
+    """The path of that bench build of decode_mma.hip (None: the shipped source)."""
+    from bench import overlay
+
+    if not (dry or timeline):
+        return None
+    return overlay.write("decode_mma.hip", mma_edits(dry, timeline), ("dry" if dry else "") + ("timeline" if timeline else ""))
 
 
 def planned_splits(b, ctx, case="bf16"):
@@ -335,8 +385,9 @@ def fused_combine():
 def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", hnd: bool = False):
     """Variants of the tensor-core kernel (`_tune` defines, JSON list) at the splits that fill
     their own waves, split + combine as CUDA-graph replays, beside SDPA cuDNN; each output is
-    compared with the default kernel's on the same inputs (NaN-poisoned first); two keys are not
-    defines: "balanced" (slices claimed at run time) and "splits" (instead of the wave rule). A ragged batch
+    compared with the default kernel's on the same inputs (NaN-poisoned first); three keys are not
+    defines: "balanced" (slices claimed at run time), "splits" (instead of the wave rule) and "dry" (the
+    copies without the math, mma_source). A ragged batch
     (random lengths, partial chunks) checks the same agreement off the benchmark shapes."""
     import json
 
@@ -369,7 +420,8 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
                 ws = torch.empty(decode.workspace_elems(s, b, HQ, D), dtype=torch.float32, device="cuda")
 
                 plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, workspace=ws,
-                                          impl="mma", _tune=defines, balanced=bal)
+                                          impl="mma", _tune=defines, balanced=bal,
+                                          _source=mma_source(dry=bool((tune or {}).get("dry"))))
 
                 def fn(plan=plan):
                     from hip_kernels.combine import combine
@@ -393,7 +445,7 @@ def tunes(spec: str, kvs: str, sequential: bool = False, shapes_arg: str = "", h
 
 def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
     """When each CTA of the split kernel starts, gets its first chunk, leaves its loop and ends
-    (`TIMELINE=1`: %globaltimer stamps after the workspace), per shape: the start-up, tail and
+    (mma_source(timeline=True): %globaltimer stamps after the workspace), per shape: the start-up, tail and
     epilogue that make the fixed cost of a decode. Times in us from the first CTA's entry."""
     import json
 
@@ -411,7 +463,8 @@ def timeline(kvs: str, shapes_arg: str = "", splits=None, spec: str = "[]"):
                 ws = torch.zeros(need + 2 + 16 * nct, dtype=torch.float32, device="cuda")
                 out = torch.empty_like(c["q"])
                 plan = decode.SplitKVPlan(c["cu"], c["sl"], c["bt"], max_query_len=1, num_splits=s, workspace=ws,
-                                          impl="mma", _tune={"TIMELINE": 1, **kernel_defines(tune)},
+                                          impl="mma", _tune=kernel_defines(tune),
+                                          _source=mma_source(dry=bool(tune.get("dry")), timeline=True),
                                           balanced=bool(tune.get("balanced")))
                 for _ in range(3):
                     plan.run(c["q"], c["k"], c["v"], out=out, **c["scales"])

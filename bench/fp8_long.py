@@ -3,11 +3,11 @@
 The FP8 tensor cores keep ~14 bits when they add into their accumulator, so a sum over many key
 tiles drops its small terms once it is large against them: O's when V has a mean (it then grows
 like l; the Hopper kernel moves O to fp32 every 1024 keys, O_PROMOTE), l's when the tensor cores
-sum P (`ROWSUM_MMA`, per tile; on by default on the per-tensor f16-score tile since stop 48). One
+sum P (per tile; the f16-score tiles do). One
 request per shape, 32/8 heads, d128, causal bottom-right, random normal Q and K, V ~ N(offset, 1);
 FP8 compute (gather_kv_fp8 + the kernel) per page and per tensor (scale from the data's largest
-value; the tiles as declared), and per tensor on the two-warpgroup fp32-score tile with `ROWSUM_MMA`
-on; next to them, 16-bit compute over the same per-page cache (the dequantizing gather + the bf16 kernel). The
+value; the tiles as declared), and per tensor on the two-warpgroup fp32-score tile with its row sums by
+the tensor cores too (a bench build: ROWSUM_EDITS, bench/overlay.py); next to them, 16-bit compute over the same per-page cache (the dequantizing gather + the bf16 kernel). The
 reference is float32 attention on the dequantized cache. Prints the relative error and max |err| /
 max |V| of each; the bound of docs/fp8.md is rel 5e-2 (docs/design.md's 16-bit bound for the last row).
 
@@ -17,12 +17,22 @@ max |V| of each; the bound of docs/fp8.md is rel 5e-2 (docs/design.md's 16-bit b
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 
 from bench import prefill as bp
-from hip_kernels import prefill
+
+# The Hopper kernel with P's row sums by the tensor cores on fp32 scores too (shipped: f16 scores only).
+ROWSUM_EDITS = {"hopper_config.h": [("constexpr bool kRowsumMma = S_F16 && (KV_FP8 == 1 || kFoldV);",
+                                     "constexpr bool kRowsumMma = KV_FP8 == 1 || kFoldV;  // bench.fp8_long")]}
+
+
+def rowsum_source() -> str:
+    """The path of that bench build of the Hopper kernel."""
+    from bench import overlay
+
+    return overlay.write("varlen_prefill_hopper.hip", [], "rowsum",
+                         {h: [overlay.replace(a, b) for a, b in e] for h, e in ROWSUM_EDITS.items()})
 
 
 def causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -53,41 +63,33 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     offsets = [float(x) for x in args.offsets.split(",")]
+    from bench.common import serving_build
+
     torch.manual_seed(0)
-    base = dict(prefill.FP8_TENSOR_CONFIGS)
     print(f"{'sq x sk':>13} {'V mean':>6}  {'mode':<24} {'rel':>7} {'max/maxV':>9}", flush=True)
-    try:
-        for sq, sk in shapes:
-            for off in offsets:
-                seqs = [(sq, sk)]
-                q, k, v, _, _ = bp.make(seqs, 32, 8, 128)
-                v = (v.float() + off).to(v.dtype)
-                amax = max(k.abs().max().item(), v.abs().max().item())
-                for mode in ("per_page", "per_tensor", "per_tensor fp32-score tile", "per_page dequant+bf16"):
-                    per_page = mode.startswith("per_page")
-                    cache = bp.fp8_paged(k, v, seqs, per_page=per_page, tensor_scale=amax / 448)
-                    kc, vc, table, _, scales = cache
-                    kd, vd = (bp._dequant_torch(c, table, seqs, scales, w) for c, w in ((kc, "k"), (vc, "v")))
-                    cfg = base[128]
-                    extra = ()
-                    if "fp32" in mode:  # the two-warpgroup fp32-score tile, its row sums by the tensor cores too
-                        cfg = dataclasses.replace(cfg, num_warps=8, f16_scores=False)
-                        extra = (("ROWSUM_MMA", 1),)
-                    prefill.FP8_TENSOR_CONFIGS[128] = dataclasses.replace(cfg, extra=cfg.extra + extra)
-                    prefill._variant.cache_clear()
-                    if mode.endswith("bf16"):
-                        out = bp.run_dequant(seqs, q, cache)().float()
-                    else:
-                        out = bp.run_fp8(seqs, q, cache, with_gather=True)().float()
-                    rel, mx = errors(out, causal_reference(q, kd, vd, 128 ** -0.5))
-                    print(f"{sq:>6}x{sk:<6} {off:>6.1f}  {mode:<24} {rel:>7.4f} {mx / vd.abs().max().item():>9.4f}",
-                          flush=True)
-                    del cache, kc, vc, kd, vd, out
-                    torch.cuda.empty_cache()
-    finally:
-        prefill.FP8_TENSOR_CONFIGS.clear()
-        prefill.FP8_TENSOR_CONFIGS.update(base)
-        prefill._variant.cache_clear()
+    for sq, sk in shapes:
+        for off in offsets:
+            seqs = [(sq, sk)]
+            q, k, v, _, _ = bp.make(seqs, 32, 8, 128)
+            v = (v.float() + off).to(v.dtype)
+            amax = max(k.abs().max().item(), v.abs().max().item())
+            for mode in ("per_page", "per_tensor", "per_tensor fp32-score tile", "per_page dequant+bf16"):
+                per_page = mode.startswith("per_page")
+                cache = bp.fp8_paged(k, v, seqs, per_page=per_page, tensor_scale=amax / 448)
+                kc, vc, table, _, scales = cache
+                kd, vd = (bp._dequant_torch(c, table, seqs, scales, w) for c, w in ((kc, "k"), (vc, "v")))
+                build = None
+                if "fp32" in mode:  # the two-warpgroup fp32-score tile, its row sums by the tensor cores too
+                    build = lambda sc: serving_build(128, 0, sc, source=rowsum_source(), num_warps=8, f16_scores=False)
+                if mode.endswith("bf16"):
+                    out = bp.run_dequant(seqs, q, cache)().float()
+                else:
+                    out = bp.run_fp8(seqs, q, cache, with_gather=True, build=build)().float()
+                rel, mx = errors(out, causal_reference(q, kd, vd, 128 ** -0.5))
+                print(f"{sq:>6}x{sk:<6} {off:>6.1f}  {mode:<24} {rel:>7.4f} {mx / vd.abs().max().item():>9.4f}",
+                      flush=True)
+                del cache, kc, vc, kd, vd, out
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

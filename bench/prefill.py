@@ -59,17 +59,20 @@ def kernel_options(kw: dict, hq: int) -> dict:
     return okw
 
 
-def run_ours(seqs, q, k, v, cu_q, cu_k, *, use_work=True, **kw):
+def run_ours(seqs, q, k, v, cu_q, cu_k, *, use_work=True, build=None, order="request", **kw):
+    """Our kernel on one shape: the tile serving uses, or a bench's explicit build (prefill.Build); work
+    items in `order` (prefill.work_items)."""
     d = q.shape[2]
     work = None
     if use_work:
         work = prefill.work_items([a for a, _ in seqs], [b for _, b in seqs], head_dim=d,
                                   causal=kw.get("causal", True), window=kw.get("window", 0),
-                                  sink_tokens=kw.get("sink_tokens", 0)).to(q.device)
+                                  sink_tokens=kw.get("sink_tokens", 0), tile=build.config if build else None,
+                                  order=order).to(q.device)
     out = torch.empty_like(q)
     mq, mk = max(a for a, _ in seqs), max(b for _, b in seqs)
     fn = lambda: prefill.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,
-                                          work=work, **kw)
+                                          work=work, build=build, **kw)
     return fn
 
 
@@ -191,9 +194,10 @@ def fp8_paged(k, v, seqs, page_size=16, per_page=True, tensor_scale=1.0 / 64):
     return k_cache, v_cache, table, cu_k, scales
 
 
-def run_fp8(seqs, q, cache, *, with_gather: bool, **kw):
+def run_fp8(seqs, q, cache, *, with_gather: bool, build=None, **kw):
     """FP8 compute: (gather_kv_fp8 when with_gather) + the FP8 kernel, Q quantized inside; kw: the
-    kernel's options (softcap)."""
+    kernel's options (softcap); build: a bench's explicit build of the FP8 kernel (prefill.Build, or a
+    function of the pack's scale mode that returns one)."""
     from hip_kernels import gather
 
     k_cache, v_cache, table, cu_k, scales = cache
@@ -205,11 +209,14 @@ def run_fp8(seqs, q, cache, *, with_gather: bool, **kw):
     packed = pack()
     cu_q = torch.tensor([0] + [sum(a for a, _ in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32,
                         device=q.device)
-    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2], fp8=packed.scale).to(q.device)
+    if callable(build):
+        build = build(packed.scale)
+    work = prefill.work_items([a for a, _ in seqs], sk, head_dim=q.shape[2], fp8=packed.scale,
+                              tile=build.config if build else None).to(q.device)
     out = torch.empty_like(q)
     mq, mk = max(a for a, _ in seqs), max(sk)
     attend = lambda p: prefill.varlen_attention(q, p, None, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk, out=out,
-                                                work=work, **kw)
+                                                work=work, build=build, **kw)
     if with_gather:
         return lambda: attend(pack())
     return lambda: attend(packed)
@@ -278,13 +285,8 @@ FP8_SHAPES = ("causal 32/8 d128 4x4k", "causal 32/8 d128 1x16k", "prefix sk=4sq 
 
 SWEEP_SHAPES = ("causal 32/8 d128 4x4k", "gpt-oss 64/8 d64 sinks 4x4k", "causal 32/8 d128 1x16k")
 C = prefill.Config
-# exp_poly: key groups whose exp2 runs on the FMA pipe; extra DIAG: timing experiments (wrong output).
-SWEEP = {
-    128: [C(8, 64, 3, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)), C(8, 64, 3, extra=(("DIAG", 2),)), C(8, 64, 2),
-          C(8, 32, 3, 2)],
-    64: [C(8, 64, 2, 2), C(8, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)), C(4, 64, 2, 2, extra=(("ATOM_MMA_ASM_VOLATILE", 1),)),
-         C(4, 64, 2, 2, extra=(("DIAG", 2),)), C(4, 64, 3, 2)],
-}
+# Portable tiles timed with --sweep (the Hopper kernel set aside).
+SWEEP = {128: [C(8, 64, 2), C(8, 32, 3, 2)], 64: [C(8, 64, 2, 2), C(4, 64, 3, 2)]}
 
 
 # (label, [(sq, sk)], hq, hk, d, kwargs): the table's shapes (bench.ab times the same ones)
@@ -312,7 +314,7 @@ WG_SWEEP = {128: [_h(8, 128, 2, q_stages=1), _h(8, 128, 2, False), _h(8, 128, 2,
 
 # Issue 27's bars (FP8 per page over our bf16 and cuDNN) timed again in rotated rounds, bench.ab's order:
 # the kernel timed first after a pause gets the best clocks (an identical copy timed second read 0.96-1.01
-# of the first, docs/perf/prefill.md stop 32), which the single pass above gives to `ours` on every shape.
+# of the first, docs/perf/prefill.md 2026-11-25, "a per-unit timeline"), which the single pass above gives to `ours` on every shape.
 ROTATED_SHAPES = ("causal 32/8 d128 4x4k", "causal 32/8 d128 1x16k")
 
 
@@ -383,38 +385,27 @@ def main(argv=None):
         okw = kernel_options(kw, hq)
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours")
         measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, use_work=False, **okw), pairs, d, hq, rows, "ours(device order)")
-        wg, wgw = prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS
-        if prefill.config_for(d, kw.get("window", 0), prefill._default_arch()).wgmma:
-            prefill.WGMMA_CONFIGS = prefill.WGMMA_WINDOW_CONFIGS = {}  # the portable mma.sync kernel
-            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(mma.sync)")
-            prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS = wg, wgw
-            prefill.WORK_ORDER = "cost"
-            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(cost order)")
-            prefill.WORK_ORDER, prefill.SCHEDULER = "request", "static"
-            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, "ours(static schedule)")
-            prefill.SCHEDULER = "dynamic"
+        arch, window = prefill._default_arch(), kw.get("window", 0)
+        tile = prefill.config_for(d, window, arch)
+        if tile.wgmma:
+            portable = prefill.Build(prefill.config_for(d, window))  # the portable mma.sync kernel
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, build=portable, **okw), pairs, d, hq, rows,
+                    "ours(mma.sync)")
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, order="cost", **okw), pairs, d, hq, rows,
+                    "ours(cost order)")
+            static = prefill.Build(tile, scheduler="static")
+            measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, build=static, **okw), pairs, d, hq, rows,
+                    "ours(static schedule)")
             if (args.sweep or args.wg_sweep) and d in WG_SWEEP:
                 for cfg, pack in WG_SWEEP[d]:
-                    prefill.WGMMA_CONFIGS, prefill.PACK_GQA = {**wg, d: cfg}, pack
-                    prefill.WGMMA_WINDOW_CONFIGS = {**wgw, d: cfg}
                     name = f"hopper w{cfg.num_warps} n{cfg.block_n} s{cfg.stages} q{cfg.q_stages}" + ("" if pack else " no-pack") \
-                        + ("" if cfg.pingpong else " no-pingpong") + "".join(f" {k}={v}" for k, v in cfg.extra)
-                    measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows, name)
-                prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS, prefill.PACK_GQA = wg, wgw, True
+                        + ("" if cfg.pingpong else " no-pingpong")
+                    measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, build=prefill.Build(cfg, pack_gqa=pack), **okw),
+                            pairs, d, hq, rows, name)
         if args.sweep and label in SWEEP_SHAPES:
-            base, wbase = prefill.CONFIGS[d], prefill.WINDOW_CONFIGS.get(d)
-            prefill.WGMMA_CONFIGS = {}
             for cfg in SWEEP[d]:
-                prefill.CONFIGS[d] = cfg
-                if wbase is not None:
-                    prefill.WINDOW_CONFIGS[d] = cfg
-                measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, **okw), pairs, d, hq, rows,
-                        f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages} p{cfg.exp_poly}"
-                        + "".join(f" {k}={v}" for k, v in cfg.extra))
-            prefill.CONFIGS[d] = base
-            if wbase is not None:
-                prefill.WINDOW_CONFIGS[d] = wbase
-            prefill.WGMMA_CONFIGS = wg
+                measure(label, run_ours(seqs, q, k, v, cu_q, cu_k, build=prefill.Build(cfg), **okw), pairs, d, hq, rows,
+                        f"ours w{cfg.num_warps}m{cfg.warp_m_tiles} n{cfg.block_n} s{cfg.stages}")
         fp8_kw = {"softcap": kw["softcap"]} if "softcap" in kw else {}  # Gemma-2 with an FP8 KV cache
         fp8_here = prefill.fp8_compute_available(d, prefill._default_arch())
         if (label in FP8_SHAPES or fp8_kw) and not args.no_fp8 and fp8_here:

@@ -1,10 +1,10 @@
 """`python -m bench.stream_probe`: which read engine moves paged KV at the memory's speed.
 
-The decode kernel's copies alone (its DRY define) are 1.5-2.6% slower than SDPA cuDNN's whole
-decode (docs/perf/decode.md, session 16), so no change to the math can reach cuDNN. This probe
+The decode kernel's copies alone (its dry build, bench.decode_profile.mma_source) are 1.5-2.6% slower than SDPA cuDNN's whole
+decode (docs/perf/decode.md, 2026-11-23, "FP8 in 2-warp CTAs ... what the copies cost"), so no change to the math can reach cuDNN. This probe
 times the kernels of bench/stream_probe.cu (the same K + V bytes of the 64 x 4k acceptance shape,
 one CTA per kv head and request, no math) beside cuDNN's decode and our own kernel (full and
-DRY), all as CUDA-graph replays in one process. NVIDIA Hopper only (tensor maps, nvcc on PATH).
+dry), all as CUDA-graph replays in one process. NVIDIA Hopper only (tensor maps, nvcc on PATH).
 It times data movement only: the engines keep no result (the register engine folds a checksum so
 that its loads stay), so it proves nothing about attention and is no test.
 """
@@ -22,7 +22,7 @@ import torch
 
 from bench.common import bench_ms, copy_bandwidth_gbs, graphed
 from bench.decode import D, HK, build, run_ours, sdpa_fns
-from bench.decode_profile import planned_splits
+from bench.decode_profile import mma_source, planned_splits
 
 SRC = pathlib.Path(__file__).with_name("stream_probe.cu")
 PAGE = 16
@@ -139,7 +139,8 @@ def main(argv=None):
     s = planned_splits(batch, ctx)
     report(f"ours, decode (S={s})", bench_ms(graphed(run_ours(c, s))), t_cudnn)
     report(f"ours, partials (S={s})", bench_ms(graphed(run_ours(c, s, with_combine=False))), t_cudnn)
-    report(f"ours, partials DRY=1 (S={s})", bench_ms(graphed(run_ours(c, s, {"DRY": 1}, with_combine=False))), t_cudnn)
+    report(f"ours, partials dry mma (S={s})", bench_ms(graphed(run_ours(c, s, with_combine=False, impl="mma",
+                                                                   source=mma_source(dry=True)))), t_cudnn)
     del c
     torch.cuda.empty_cache()
 

@@ -4,10 +4,10 @@ than one, over a shape grid, and write ``atom_backend/catalog/tables/tuning_<arc
     PYTHONPATH=. python -m bench.tune [--quick] [--out DIR]
 
 Kernels with candidates: ``varlen_prefill`` per (head dim, window class): "full" (causal, no or
-a long window: ``prefill.CONFIGS``) and "small" (sliding window <= ``prefill.SMALL_WINDOW``:
-``WINDOW_CONFIGS``), and on Hopper "wgmma" / "wgmma_small" (``WGMMA_CONFIGS`` /
-``WGMMA_WINDOW_CONFIGS``: the Hopper kernel, which replaces "full" / "small" there).
-Every candidate is compiled first (one that does not compile is listed
+a long window) and "small" (sliding window <= ``prefill.SMALL_WINDOW``), the portable body's tiles of
+those kinds in ``prefill.PORTABLE_TILES``, and on Hopper "wgmma" / "wgmma_small" (``HOPPER_TILES``'
+"full" / "small": the Hopper kernel, which replaces "full" / "small" there). Each candidate runs as
+an explicit build (``varlen_attention(build=prefill.Build(tile))``). Every candidate is compiled first (one that does not compile is listed
 with its error and skipped), checked against the declared default's output on the first shape
 (max abs difference <= 2e-2 on bf16: a wrong-but-fast tile never wins), then timed on every
 shape of its class; the winner has the least total time, and replaces the declared default
@@ -35,13 +35,13 @@ MIN_GAIN = 1.03
 def candidates(prefill, d: int, cls: str) -> list:
     C = prefill.Config
     if cls in ("wgmma", "wgmma_small"):  # consumer warpgroups x K/V tile x stages x Q buffers
-        declared = (prefill.WGMMA_CONFIGS if cls == "wgmma" else prefill.WGMMA_WINDOW_CONFIGS)[d]
+        declared = prefill.HOPPER_TILES.get("full" if cls == "wgmma" else "small", d)
         grid = [C(w, n, s, wgmma=True, q_stages=qs, ctas=ct) for w in ((8, 12) if cls == "wgmma" else (4, 8, 12))
                 for n in ((64, 128) if cls == "wgmma" else (64,)) for s in (2, 3) for qs in (1, 2)
                 for ct in ((0, 3) if w == 4 else (0,))]
         fits = [c for c in grid if c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024]
         return list(dict.fromkeys([declared] + fits))
-    declared = [prefill.CONFIGS.get(d), getattr(prefill, "WINDOW_CONFIGS", {}).get(d)]
+    declared = [prefill.PORTABLE_TILES.get("full", d), prefill.PORTABLE_TILES.get("small", d)]
     extra = {64: [C(4, 64, 2, 2), C(4, 64, 3, 1), C(8, 64, 2, 2), C(4, 64, 3, 2), C(4, 64, 2, 1), C(4, 32, 3, 2)],
              128: [C(8, 64, 3), C(4, 64, 3), C(8, 64, 2), C(8, 32, 3, 2), C(4, 32, 3, 2)],
              256: [C(8, 32, 2), C(4, 32, 2)]}.get(d, [])
@@ -87,14 +87,11 @@ def main(argv=None) -> dict:
     arch = runtime.device_arch()
     t0 = time.perf_counter()
     head_dims = [64] if args.quick else [64, 128]
-    base = tuning.defaults()
-    # restore the declared defaults: the table is measured against them, not against itself
-    for (d, cls), cfg in base.items():
-        tuning.module_table(cls)[d] = cfg
+    base = tuning.defaults()  # the table is measured against the declared tiles, not against itself
     hopper = arch in prefill.WGMMA_ARCHS
     classes = ("full", "small") + (("wgmma", "wgmma_small") if hopper else ())
     # on Hopper the Hopper tiles replace "full" / "small" where they exist: those would not run
-    replaced = {"full": prefill.WGMMA_CONFIGS, "small": prefill.WGMMA_WINDOW_CONFIGS}
+    replaced = {"full": tuning.declared_table("wgmma"), "small": tuning.declared_table("wgmma_small")}
     plan = [(d, cls) for d in head_dims for cls in classes
             if (d, cls) in base and not (hopper and d in replaced.get(cls, {}))]
     # compile every candidate first, in parallel (both dtypes are not needed: bf16 only)
@@ -117,17 +114,18 @@ def main(argv=None) -> dict:
                 entry["error"] = failed[name].splitlines()[0][:200]
                 tables_ms.append(entry)
                 continue
-            tuning.module_table(cls)[d] = cfg
+            tile = prefill.Build(cfg)
             total = 0.0
             try:
                 for i, (label, seqs, hq, hk, w) in enumerate(sh):
                     q, k, v, cu_q, cu_k = make(seqs, hq, hk, d)
                     sinks = torch.randn(hq, dtype=torch.float32, device="cuda")
-                    work = prefill.work_items([a for a, _ in seqs], [b for _, b in seqs], head_dim=d, window=w).cuda()
+                    work = prefill.work_items([a for a, _ in seqs], [b for _, b in seqs], head_dim=d, window=w,
+                                              tile=cfg).cuda()
                     mq, mk = max(a for a, _ in seqs), max(b for _, b in seqs)
                     out = torch.empty_like(q)
                     fn = lambda: prefill.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
-                                                          window=w, sinks=sinks, out=out, work=work)
+                                                          window=w, sinks=sinks, out=out, work=work, build=tile)
                     if i == 0:
                         torch.manual_seed(1)
                         fn()
@@ -149,7 +147,6 @@ def main(argv=None) -> dict:
             tables_ms.append(entry)
             print(f"  d{d} {cls:5s} {entry['config']}: " + (f"{total:.3f} ms" if "error" not in entry else entry["error"]),
                   flush=True)
-        tuning.module_table(cls)[d] = base[(d, cls)]
         ok = [e for e in tables_ms if "total_ms" in e]
         if not ok:
             continue

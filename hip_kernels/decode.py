@@ -308,9 +308,9 @@ _MIN_SEMAPHORES = 1 << 16
 
 
 # Splits the last CTA of a group still combines faster than a combine launch on fixed ranges
-# (H100, session 18: 8 x 32k at 4 splits -1.3 us; FP8 at 63 splits +5 us: fixed ranges end apart
+# (H100, docs/perf/decode.md: 8 x 32k at 4 splits -1.3 us; FP8 at 63 splits +5 us: fixed ranges end apart
 # and the last CTA starts the combine late). Balanced splits end together: their last CTA
-# combines up to 32 as fast as the combine kernel (1 x 128k / 1 x 64k at 32, session 23; at 64
+# combines up to 32 as fast as the combine kernel (1 x 128k / 1 x 64k at 32; at 64
 # it is 3.6 us slower), and a CUDA graph sized for long contexts then keeps no combine launch
 # for short ones (1 x 512 keys: 14.7 -> 12.6 us per layer).
 FUSE_MAX_SPLITS = 16
@@ -343,7 +343,7 @@ def _num_sms(device) -> int:
 
 
 def balance_pays(q, k_cache, cu_seqlens_q, num_splits: int, max_query_len: int) -> bool:
-    """Balanced splits where they pay (H100, docs/perf/decode.md session 18): 16-bit KV, several
+    """Balanced splits where they pay (H100, docs/perf/decode.md): 16-bit KV, several
     splits and a grid that fills at least 90% of a wave. A full GPU is where SMs of unequal speed
     leave the slow ones finishing alone (8 x 32k -1.7%, 1 x 128k -2%); a partly filled one is
     latency bound, and the claims cost (6 x <=3k at 3 splits: +8%)."""
@@ -415,12 +415,13 @@ class SplitKVPlan:
     the plan. counters: zeroed int32 buffer (>= counter_elems) for the split kernel's completion
     and slice counters, else the per-stream `semaphores`; a graph that outlives the plan needs
     one allocated outside its capture (one made inside would come from the graph pool, where
-    other graphs' temporaries may overwrite it).
+    other graphs' temporaries may overwrite it). _tune / _source: bench builds only (extra defines of
+    the split kernel; a source file to build instead of the shipped one, bench/overlay.py).
     """
 
     def __init__(self, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
                  max_query_len, num_splits, split_rule=(), balanced=None, impl=None, workspace=None,
-                 counters=None, _tune=None):
+                 counters=None, _tune=None, _source=None):
         rule = tuple(split_rule)
         if len(rule) > 6 or not all(isinstance(v, int) and v >= 0 for v in rule):
             raise ValueError(f"split_rule must be up to 6 ints >= 0 (planner.SplitRule), got {split_rule!r}")
@@ -428,7 +429,7 @@ class SplitKVPlan:
         self.kv_indptr, self.kv_page_indices = kv_indptr, kv_page_indices
         self.max_query_len, self.num_splits = max_query_len, num_splits
         self.split_rule = rule + (0,) * (6 - len(rule))
-        self.balanced, self.impl, self._tune = balanced, impl, _tune
+        self.balanced, self.impl, self._tune, self._source = balanced, impl, _tune, _source
         self._workspace = workspace
         self._counters = counters
         self._own: dict = {}  # stream -> workspace this plan allocated
@@ -580,8 +581,9 @@ class SplitKVPlan:
             mkf, mvf = (k_scale, v_scale) if kv_code >= 2 and k_scale is not None else (1.0, 1.0)
             row_blocks = _mma_row_blocks(max_query_len, group)
             var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
-            if self._tune:  # benchmarking knob: extra defines
+            if self._tune or self._source:  # a bench build: extra defines, another source file
                 var = _mma_variant(d, _Q_DTYPES[q.dtype], kv_code, self._tune)
+                var = type(var)(self._source or var.source, var.kernel, var.defines)
             balanced = self.balanced
             if balanced is None:
                 balanced = balance_pays(q, k_cache, self.cu_seqlens_q, num_splits, max_query_len)
@@ -609,8 +611,8 @@ class SplitKVPlan:
             return done
         _, row_blocks = _pick_rows(max_query_len * group, kv_code)
         var = launch_variant(impl, d, _Q_DTYPES[q.dtype], kv_code, max_query_len * group)
-        if self._tune:  # benchmarking knob: extra defines (UNROLL, STAGES)
-            var = type(var)(SOURCE, KERNEL, {**dict(var.defines), **self._tune})
+        if self._tune or self._source:  # a bench build: extra defines (UNROLL, STAGES), another source file
+            var = type(var)(self._source or SOURCE, KERNEL, {**dict(var.defines), **(self._tune or {})})
         args = head + [kf, vf, _FMT_FACTOR[kv_code], la.o_part, la.lse_part, total_q, hq, hk, group, row_blocks,
                        num_splits, block_size, magic, shift] + tail
         la.split = runtime.Packed(runtime.load(var, q.device), (hk * row_blocks, batch, num_splits),
@@ -636,13 +638,13 @@ def _stream(q) -> int:
 def splitkv_partials(
     q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table=None, *, kv_indptr=None, kv_page_indices=None,
     max_query_len, num_splits, split_rule=(), scale=None, window=0, sink_tokens=0, softcap=0.0, k_scale=None,
-    v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None,
+    v_scale=None, k_descale=None, v_descale=None, workspace=None, impl=None, _tune=None, _source=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split kernel alone, once, over fixed key ranges (docs/design.md's split ranges, bitwise
     repeatable): SplitKVPlan(..., balanced=False).partials(...)."""
     plan = SplitKVPlan(cu_seqlens_q, seq_lens, block_table, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                        max_query_len=max_query_len, num_splits=num_splits, split_rule=split_rule,
-                       balanced=False, impl=impl, workspace=workspace, _tune=_tune)
+                       balanced=False, impl=impl, workspace=workspace, _tune=_tune, _source=_source)
     return plan.partials(q, k_cache, v_cache, scale=scale, window=window, sink_tokens=sink_tokens, softcap=softcap,
                          k_scale=k_scale, v_scale=v_scale, k_descale=k_descale, v_descale=v_descale)
 

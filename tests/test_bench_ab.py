@@ -31,8 +31,8 @@ def test_summary_leaves_out_a_shape_a_variant_could_not_build():
 
 
 def test_defines_need_name_and_value():
-    assert parse_defines(["UNIT_SLOTS=1", "MAX=4"]) == (("UNIT_SLOTS", "1"), ("MAX", "4"))
-    for bad in (["UNIT_SLOTS"], ["=1"], ["X="]):
+    assert parse_defines(["CTAS=3", "MAX=4"]) == (("CTAS", "3"), ("MAX", "4"))
+    for bad in (["CTAS"], ["=1"], ["X="]):
         with pytest.raises(SystemExit):
             parse_defines(bad)
 
@@ -52,3 +52,17 @@ def test_parameters_compare_the_kernels_signatures(tmp_path):
     f.write_text(src.replace("u16* __restrict__ o,", "u16* __restrict__ o, int extra,"))
     assert ab.base_source(str(f)) == f.read_text()
     assert ab.parameters(ab.base_source(str(f))) != ab.parameters(src)
+
+
+def test_a_revision_base_brings_its_own_headers():
+    """A base kernel at a git revision builds with that revision's hip_kernels/src headers (a kernel split
+    into headers later, or earlier, still finds its own); a file base with the working tree's."""
+    import subprocess
+
+    try:
+        h = ab.base_headers("HEAD")
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        pytest.skip(f"no git history here: {e}")
+    assert "prefill_tiles.h" in h and all(name.endswith(".h") for name in h)
+    assert h["prefill_tiles.h"] == ab._git("show", "HEAD:hip_kernels/src/prefill_tiles.h")
+    assert ab.base_headers(str(ab.SRC_DIR / ab.KERNEL)) == {}

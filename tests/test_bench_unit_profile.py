@@ -1,8 +1,6 @@
-"""bench.unit_profile: the per-unit summary of the kernel's rows, and the UNIT_PROFILE builds compile."""
+"""bench.unit_profile: the per-unit summary of the kernel's rows, and its stamped builds compile."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
@@ -39,19 +37,14 @@ def test_summary_is_per_unit_and_per_tile():
 
 
 def test_summary_needs_a_written_row():
-    with pytest.raises(ValueError, match="UNIT_PROFILE"):
+    with pytest.raises(ValueError, match="profile_source"):
         up.summarize([[0] * up.WORDS])
 
 
-@pytest.mark.parametrize("fp8,define", [(False, ("UNIT_PROFILE", 1)), (True, ("UNIT_PROFILE", 1)),
-                                         (True, ("UNIT_PROFILE", 2)), (True, ("DIAG_ENERGY", 1)),
-                                         (True, ("DIAG_ENERGY", 2)), (True, ("EXP_SHIFT", 0)),
-                                         (True, ("DIRECT_P", 0)), (True, ("P_LAZY", 8))])
-def test_bench_builds_compile_for_sm90a(fp8, define, tmp_path, monkeypatch):
-    """The benches' build switches compile with NVRTC sm_90a: the unit profile (segments; UNIT_PROFILE=2 a
-    round's parts too) in a 16-bit and an FP8 per-page build, DIAG_ENERGY's FP8 builds (no softmax; no MMAs),
-    the FP8 softmax's exp2 on the MUFU (EXP_SHIFT=0, the A/B base of the bit-shift form), P through an f16
-    (DIRECT_P=0) and the 16-bit tiles' reference threshold (P_LAZY=8), the A/B bases of stop 50."""
+@pytest.mark.parametrize("fp8,level", [(False, 1), (True, 1), (True, 2)])
+def test_profile_builds_compile_for_sm90a(fp8, level, tmp_path, monkeypatch):
+    """The unit profile's build (the stamps of bench.unit_profile.profile_source, an overlay of the shipped
+    kernel; level 2: a round's parts too) compiles with NVRTC sm_90a in a 16-bit and an FP8 per-16-keys build."""
     from hip_kernels import prefill, runtime
 
     try:
@@ -60,16 +53,15 @@ def test_bench_builds_compile_for_sm90a(fp8, define, tmp_path, monkeypatch):
         pytest.skip("NVRTC not installed")
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    cfg = prefill.FP8_CONFIGS[128] if fp8 else prefill.WGMMA_CONFIGS[128]
-    cfg = dataclasses.replace(cfg, extra=cfg.extra + (define,))
-    v = (prefill._variant(128, 0, False, cfg, prefill.KV_FP8_MODES["per_page16"]) if fp8
-         else prefill._variant(128, 0, False, cfg))
-    assert dict(v.defines).get(define[0]) == str(define[1])
+    mode = "per_page16" if fp8 else None
+    build = prefill.Build(prefill.config_for(128, 0, "sm_90a", mode), source=up.profile_source(level))
+    v = build.variant(128, 0, False, prefill.KV_FP8_MODES[mode] if fp8 else 0)
+    assert v.source == build.source and "prof.rmark(R_SWAIT)" in open(v.source).read()
     assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
 
 
 def test_summary_without_round_parts():
-    """UNIT_PROFILE=1 rows hold the tiles whole in `rest`: a tile is their cycles over the tiles."""
+    """Level-1 rows hold the tiles whole in `rest`: a tile is their cycles over the tiles."""
     r = up.summarize([_row(100, 2000, 300, 40, 280, 40000, 2200, 2, 16)])
     assert r["tile"] == pytest.approx(2500) and r["rest"] == pytest.approx(2500) and r["soft"] == 0
     assert r["tiles"] == pytest.approx(20000)

@@ -1,4 +1,4 @@
-"""The Hopper FP8 kernel's exp2 by bit shifts (EXP_SHIFT, f16 scores): a numpy model of its f16x2 steps,
+"""The Hopper FP8 kernel's exp2 by bit shifts (kExpShift, f16 scores): a numpy model of its f16x2 steps,
 against the error terms docs/fp8.md states for it, and tied to the kernel's constants."""
 
 from pathlib import Path
@@ -6,12 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "hip_kernels" / "src" / "varlen_prefill_hopper.hip"
+SRC_DIR = Path(__file__).resolve().parents[1] / "hip_kernels" / "src"
+# the kernel's constants and its f16x2 helpers
+SOURCES = ("hopper_config.h", "hopper_f16x2.h")
 
 
 def shift_constants(frac: int, exp: int = 15, direct: bool = False) -> dict:
     """The bias, the clamp (f16 bits), the shift and the mask of `h2::exp2_shifted` with `frac` fraction bits
-    (exp: the f16 P's exponent for x = 0, 15 or DIRECT_P's 15 - P_LAZY; direct: DIRECT_P's t in [1024,
+    (exp: the f16 P's exponent for x = 0, 15 or kDirectP's 15 - kPLazy; direct: kDirectP's t in [1024,
     2048)), as the kernel's constexprs compute them (the test below checks that the source still has
     those lines)."""
     base = 1024 if direct else 32 << frac
@@ -21,17 +23,17 @@ def shift_constants(frac: int, exp: int = 15, direct: bool = False) -> dict:
 
 
 def test_model_matches_kernel_source():
-    src = SRC.read_text()
+    src = "".join((SRC_DIR / name).read_text() for name in SOURCES)
     for line in ("constexpr int kShiftFrac = kGroupScales ? 5 : 3;",
                  "constexpr float kShiftScale = float(1 << kShiftFrac);",
-                 "constexpr int kShiftExp = kDirectP ? 15 - P_LAZY : 15;",
+                 "constexpr int kShiftExp = kDirectP ? 15 - kPLazy : 15;",
                  "constexpr int kShiftBase = kDirectP ? 1024 : 32 << kShiftFrac;",
                  "constexpr float kShiftBias = float(kShiftBase + kShiftExp * (1 << kShiftFrac) - (kShiftFrac == 5 ? 2 : 0));",
                  "constexpr u32 kShiftFloor = (u32)(kDirectP ? 25 : 20 + kShiftFrac) << 10;",
                  "constexpr int kShiftLeft = kDirectP ? 10 - kShiftFrac : 5;",
-                 "constexpr float kDirectMean = (kShiftFrac == 5 ? 0.96440197f : 1.04035904f) * float(1 << (8 - P_LAZY));",
+                 "constexpr float kDirectMean = (kShiftFrac == 5 ? 0.96440197f : 1.04035904f) * float(1 << (8 - kPLazy));",
                  "constexpr float kDirectK = kShiftFrac == 5 ? 247.743254f : 256.f;",
-                 "#define P_LAZY 5",
+                 "enum : int { kPLazy = 5 };",
                  "ATOM_DEV u32 bytes_of(u32 t) { return max(t, kShiftFloor * 0x10001u) >> (kShiftFrac - 3); }",
                  "constexpr u32 kShiftMask = 0x7C00u | (((1u << kShiftFrac) - 1u) << (10 - kShiftFrac));",
                  "return (max(t, kShiftFloor * 0x10001u) << kShiftLeft) & (kShiftMask * 0x10001u);"):
@@ -39,7 +41,7 @@ def test_model_matches_kernel_source():
 
 
 def shifted_exp2(s: np.ndarray, mul: float, nb: np.ndarray, k: dict) -> np.ndarray:
-    """P of the kernel's S_F16 softmax under EXP_SHIFT: t = fma(s, mul, nb) rounded once to f16 (the
+    """P of the kernel's S_F16 softmax (kExpShift): t = fma(s, mul, nb) rounded once to f16 (the
     HFMA2), clamped below (HMNMX2), then shifted and masked as one 32-bit word of two halves."""
     t = (s.astype(np.float64) * np.float64(np.float16(mul)) + nb.astype(np.float64)).astype(np.float16)
     bits = t.view(np.uint16).astype(np.uint32)
@@ -123,8 +125,8 @@ def test_snapped_reference_round_trips(frac):
     assert np.all(np.abs(snapped - msc) <= step / 2 / scale + 1e-6)
 
 
-# DIRECT_P: P's e4m3 bytes from t's mantissa (h2::bytes_of), the kernel's constants per F (3: per tensor,
-# 5: per 16 keys): kDirectMean at P_LAZY = 8 (times 2^(8 - L) otherwise), kDirectK, and x's limit for bytes <= 126
+# kDirectP: P's e4m3 bytes from t's mantissa (h2::bytes_of), the kernel's constants per F (3: per tensor,
+# 5: per 16 keys): kDirectMean at L = 8 (times 2^(8 - L), L = kPLazy), kDirectK, and x's limit for bytes <= 126
 DIRECT = {3: (1.04035904, 256.0, 0.81), 5: (0.96440197, 247.743254, 0.92)}
 
 
@@ -156,9 +158,9 @@ def e4m3(b):
 
 
 @pytest.mark.parametrize("frac", [3, 5])
-@pytest.mark.parametrize("lazy", [5, 8])
+@pytest.mark.parametrize("lazy", [5])
 def test_direct_bytes_error_and_range(frac, lazy):
-    """docs/fp8.md's DIRECT_P terms: P encoded as 2^x 2^(8 - L) kDirectMean, relative error -8.0%..+6.6%
+    """docs/fp8.md's kDirectP terms: P encoded as 2^x 2^(8 - L) kDirectMean, relative error -8.0%..+6.6%
     about that scale (rms 0.031, the earlier per-tensor form's); e4m3 bytes without NaN or sign for
     x < L + 0.81 (F = 3) / 0.92 (F = 5; the lazy reference keeps x <= L plus <= 0.2); 0 below x = L - 14.8,
     normal bytes from x = L - 13.9."""

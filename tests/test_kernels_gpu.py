@@ -32,7 +32,7 @@ def test_tune_quick_writes_a_loadable_table(tmp_path):
     rows = body["kernels"]["varlen_prefill"]
     assert rows and all("config" in r for r in rows)
     data = json.loads(next(tmp_path.glob("tuning_*.json")).read_text())
-    assert data["schema"] == tables.SCHEMA and data["produced_by"]["device"]
+    assert data["schema"] == tables.SCHEMAS["tuning"] and data["produced_by"]["device"]
 
 
 @needs_cuda

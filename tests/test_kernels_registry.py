@@ -288,7 +288,7 @@ def test_missing_tables_fall_back_to_defaults(monkeypatch, tmp_path):
     assert tuning.apply("gfx1250") == {}
     from hip_kernels import prefill
 
-    assert prefill.config_for(64, 0) == tuning.defaults()[(64, "full")]
+    assert prefill.config_for(64, 0, "gfx1250") == tuning.defaults()[(64, "full")]
     assert registry.platform_for("gfx1250").cost is None  # threshold routing
 
 
@@ -296,20 +296,25 @@ def test_tuning_table_is_applied_and_seen_by_selection(monkeypatch, tmp_path):
     from hip_kernels import prefill
 
     monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
-    cfg = {"num_warps": 8, "block_n": 64, "stages": 2, "warp_m_tiles": 2, "exp_poly": 0}
+    cfg = {"num_warps": 8, "block_n": 64, "stages": 2, "warp_m_tiles": 2}
+    bad = {"num_warps": 8, "block_n": 24, "stages": 2}  # 24 keys: not a shape the portable kernel builds
     tables.write("tuning", "gfx950", {"kernels": {"varlen_prefill": [
-        {"head_dim": 64, "window_class": "full", "config": cfg}]}}, "test", "none", tmp_path)
+        {"head_dim": 64, "window_class": "full", "config": cfg},
+        {"head_dim": 128, "window_class": "full", "config": bad}]}}, "test", "none", tmp_path)
     try:
         changed = tuning.apply("gfx950")
-        assert changed == {(64, "full"): prefill.Config(8, 64, 2, 2)}
-        assert prefill.config_for(64, 0) == prefill.Config(8, 64, 2, 2)
+        assert changed == {(64, "full"): prefill.Config(8, 64, 2, 2)}  # the bad row: logged, default kept
+        assert prefill.config_for(64, 0, "gfx950") == prefill.Config(8, 64, 2, 2)
+        assert prefill.config_for(128, 0, "gfx950") == tuning.defaults()[(128, "full")]
+        assert prefill.config_for(64, 0) == prefill.config_for(64, 0, "gfx942") == tuning.defaults()[(64, "full")]
         sel = registry.select(GPT_OSS, "gfx950")
         assert prefill._variant(64, 0, False, prefill.Config(8, 64, 2, 2)) in sel.variants["varlen"]
-        assert tuning.apply("gfx1250") == {} and prefill.config_for(64, 0) == tuning.defaults()[(64, "full")]
+        assert prefill._variant(64, 0, False, prefill.Config(8, 64, 2, 2)) in prefill.variants("gfx950")
+        assert prefill._variant(64, 0, False, prefill.Config(8, 64, 2, 2)) not in prefill.variants()
     finally:
         monkeypatch.delenv("ATOM_TABLES_DIR")
         tables.clear_cache()
-        tuning.apply("gfx1250")
+    assert tuning.apply("gfx950") == {} and prefill.config_for(64, 0, "gfx950") == tuning.defaults()[(64, "full")]
 
 
 def test_tuning_rows_carry_the_ctas_of_a_hopper_tile():
@@ -355,6 +360,24 @@ def test_committed_h100_tables_load():
     assert data.get("kernels") == tables.kernel_fingerprint(), (
         "cost_sm_90.json measured other kernels: run `python -m bench.calibrate` on an H100 and commit the table")
     assert tables.cost_model("sm_90") is not None
+
+
+def test_committed_h100_tuning_table_gives_its_tiles():
+    """tuning_sm_90.json (schema 2, rows without exp_poly) still selects the tiles it was measured to pick:
+    the declared ones but for the small-window Hopper tiles, and only for sm_90a."""
+    from hip_kernels import prefill
+
+    tables.clear_cache()
+    C = prefill.Config
+    try:
+        assert tuning.apply("sm_90a") == {
+            (64, "wgmma_small"): C(4, 64, 3, wgmma=True, q_stages=2, ctas=3),
+            (128, "wgmma_small"): C(12, 64, 3, wgmma=True, q_stages=1)}
+        assert prefill.config_for(128, 128, "sm_90a") == C(12, 64, 3, wgmma=True, q_stages=1)
+        assert prefill.config_for(128, 0, "sm_90a") == prefill.HOPPER_TILES.get("full", 128)
+        assert prefill.config_for(128, 128, "sm_80") == prefill.PORTABLE_TILES.get("small", 128)
+    finally:
+        prefill._tuned.pop("sm_90a", None)
 
 
 def test_cost_table_of_other_kernels_is_not_used(monkeypatch, tmp_path, caplog):

@@ -47,7 +47,7 @@ def body(request, monkeypatch):
     else:
         if not _portable_fp8_runs_on(arch):
             pytest.skip(f"no e4m3 MMA on {arch} for the portable FP8 body")
-        monkeypatch.setattr(prefill, "_fp8_configs", lambda arch, scale="per_page": prefill.PORTABLE_FP8_CONFIGS)
+        monkeypatch.setattr(prefill, "_fp8_table", lambda arch, scale: prefill.PORTABLE_TILES.of_kind("fp8"))
     return request.param
 
 
@@ -219,11 +219,11 @@ def test_fp8_config_and_errors():
             0 if cfg.f16_scores else 2 * 128 * cfg.block_m)
     for arch in ("sm_90a", *prefill.PORTABLE_FP8_ARCHS):  # every FP8 tile moves O out every 1024 keys
         assert prefill.fp8_accurate_keys(arch) == 0
-        for cfg in (c for scale in prefill.KV_FP8_MODES for c in prefill._fp8_configs(arch, scale).values()):
+        for cfg in (c for scale in prefill.KV_FP8_MODES for c in prefill._fp8_table(arch, scale).values()):
             assert cfg.o_promote * cfg.block_n == prefill.FP8_ACCUMULATED_KEYS
     assert prefill.fp8_accurate_keys("sm_80") == prefill.FP8_ACCUMULATED_KEYS  # no FP8 tile: nothing known
     # fp8_compute_available reads one
-    assert prefill.FP8_TENSOR_CONFIGS.keys() == prefill.FP8_CONFIGS.keys() == prefill.FP8_KEY_CONFIGS.keys()
+    assert len({tuple(prefill.HOPPER_TILES.of_kind(m)) for m in prefill.KV_FP8_MODES}) == 1
     for flag in (True, False):  # the tile depends on the mode: a bool is not enough (16-bit is None)
         with pytest.raises(ValueError, match="scale mode"):
             prefill.config_for(128, 0, "sm_90a", fp8=flag)
@@ -523,8 +523,9 @@ def test_fp8_hopper_key_tiles(name, per_page, page_size, cfg, monkeypatch):
     if prefill._default_arch() not in prefill.WGMMA_ARCHS:
         pytest.skip("the Hopper FP8 kernel is sm_90a only")
     w, n, st, qs, f16 = cfg
-    for table in (prefill.FP8_CONFIGS, prefill.FP8_TENSOR_CONFIGS, prefill.FP8_KEY_CONFIGS):
-        monkeypatch.setitem(table, 128, prefill.Config(w, n, st, wgmma=True, q_stages=qs, f16_scores=f16))
+    c = prefill.Config(w, n, st, wgmma=True, q_stages=qs, f16_scores=f16)
+    hopper = prefill.HOPPER_TILES.replace({(m, 128): c for m in prefill.KV_FP8_MODES})
+    monkeypatch.setitem(prefill._tuned, prefill._default_arch(), (prefill.PORTABLE_TILES, hopper))
     seqs, hq, hk, kw = FP8_CASES[name]
     _fp8_attention_case(seqs, hq, hk, kw, per_page=per_page, page_size=page_size)
 
@@ -597,7 +598,7 @@ def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
     and a request whose every logit is about -20 (keys along u, queries along -u), where the per-16-key
     tile's bound of the row max (0 for a negative max) sends every tile to the exact max. That reference
     (about -29 log2 units) lies past the band where the Hopper kernel folds V's group factors into the
-    exp2's addend (FOLD_V: [-22, 106] log2 units with DIRECT_P's bias), so those rows' warps multiply P by the factors."""
+    exp2's addend (kFoldV: [-22, 106] log2 units with kDirectP's bias), so those rows' warps multiply P by the factors."""
     d = 128
     u = (torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(4)) * 2 - 1) / d ** 0.5
     seqs = [(300, 1500), (64, 700)]
@@ -626,8 +627,8 @@ def test_fp8_prefill_k_scales_far_apart_and_negative_rows(page_size, body):
 def test_fp8_prefill_rows_past_the_direct_band(per_page, logit, body):
     """A request whose every logit is about `logit` nats (keys along u, queries along +-u), beside one of
     ordinary rows: references of about -29 and +115 log2 units lie outside [-22, 106], where the Hopper
-    f16-score tiles take P's e4m3 bytes straight from the exp2's argument (DIRECT_P) and fold V's group
-    factors into it (FOLD_V), so those rows' warps take the f16 P times the bytes' scale instead; the
+    f16-score tiles take P's e4m3 bytes straight from the exp2's argument (kDirectP) and fold V's group
+    factors into it (kFoldV), so those rows' warps take the f16 P times the bytes' scale instead; the
     other request's warps keep the bytes. (A row that stays on one path has that scale cancel in O / l;
     tests/test_fp8_exp_shift.py ties the scale to the bytes'.)"""
     d = 128

@@ -86,14 +86,21 @@ def _run_case(seqs, hq, hk, d, kw, dtype, use_work, seed=0):
     assert_lse_close(lse.cpu(), lse_ref, dtype, "lse")
 
 
+def _use_tiles(monkeypatch, portable=None, hopper=None):
+    """The device arch's tile tables for this test (as an arch's tuning table installs them,
+    prefill.use_tuned): config_for, work_items and varlen_attention take them."""
+    arch = prefill._default_arch()
+    monkeypatch.setitem(prefill._tuned, arch, (portable or prefill.PORTABLE_TILES, hopper or prefill.HOPPER_TILES))
+
+
 def _force_path(path, monkeypatch):
-    """'wgmma': the Hopper kernel wherever the device has it (small windows included);
+    """'wgmma': the Hopper kernel wherever the device has it (small windows take its full tile);
     'portable': the mma.sync / MFMA kernel everywhere."""
+    h = prefill.HOPPER_TILES
     if path == "wgmma":
-        monkeypatch.setattr(prefill, "SMALL_WINDOW", 0)
+        _use_tiles(monkeypatch, hopper=h.replace({("small", d): c for d, c in h.of_kind("full").items()}))
     else:
-        monkeypatch.setattr(prefill, "WGMMA_CONFIGS", {})
-        monkeypatch.setattr(prefill, "WGMMA_WINDOW_CONFIGS", {})
+        _use_tiles(monkeypatch, hopper=prefill.TileTable(h.kernel, {}))
 
 
 def _is_wgmma(d, window=0) -> bool:
@@ -116,13 +123,13 @@ def test_vs_reference(name, dtype, path, monkeypatch):
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sink_tokens_8", "softcap", "non_causal", "d256",
                                   "d256_window_sinks", "window_lt_sk"])
 def test_small_shared_memory_tiles(name, monkeypatch):
-    # The tiles gfx942 gets for d128 / d256 (SMALL_SMEM_CONFIGS: 64 KB of LDS), on this device's
-    # portable body.
+    # The tiles gfx942 gets for d128 / d256 ("small_smem": 64 KB of LDS), on this device's portable body.
     seqs, hq, hk, d, kw = CASES[name]
-    _force_path("portable", monkeypatch)
-    monkeypatch.setattr(prefill, "CONFIGS", {**prefill.CONFIGS, **prefill.SMALL_SMEM_CONFIGS})
-    monkeypatch.setattr(prefill, "WINDOW_CONFIGS", {**prefill.WINDOW_CONFIGS, **prefill.SMALL_SMEM_CONFIGS})
-    assert prefill.config_for(d, kw.get("window", 0), prefill._default_arch()) == prefill.SMALL_SMEM_CONFIGS[d]
+    t = prefill.PORTABLE_TILES
+    small = t.of_kind("small_smem")
+    _use_tiles(monkeypatch, portable=t.replace({(k, d): c for d, c in small.items() for k in ("full", "small")}),
+               hopper=prefill.TileTable(prefill.HOPPER_TILES.kernel, {}))
+    assert prefill.config_for(d, kw.get("window", 0), prefill._default_arch()) == small[d]
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=7)
 
 
@@ -137,11 +144,10 @@ def test_wgmma_tile_configs(name, cfg, monkeypatch):
     # rings of 2-3 stages, 1 (two CTAs per SM), 2 or 3 consumer warpgroups, with and without
     # ping-pong turns).
     seqs, hq, hk, d, kw = CASES[name]
-    _force_path("wgmma", monkeypatch)
     c = prefill.Config(*cfg[:3], wgmma=True, pingpong=cfg[3])
     if c.smem_bytes(d) > 227 * 1024 or c.ctas_per_sm * (c.smem_bytes(d) + 1024) > 228 * 1024:
         pytest.skip(f"{c} needs {c.smem_bytes(d)} bytes of shared memory per CTA at d={d}")
-    monkeypatch.setitem(prefill.WGMMA_CONFIGS, d, c)
+    _use_tiles(monkeypatch, hopper=prefill.HOPPER_TILES.replace({("full", d): c, ("small", d): c}))
     if not _is_wgmma(d, kw.get("window", 0)):
         pytest.skip("no wgmma on this device")
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=5)
@@ -329,7 +335,7 @@ def test_launch_validation(over, match):
 def test_work_items_longest_first_and_complete():
     sq, sk = [300, 1, 0, 129], [300, 900, 0, 1000]
     w = prefill.work_items(sq, sk, head_dim=128)
-    bm = prefill.CONFIGS[128].block_m
+    bm = prefill.PORTABLE_TILES.get("full", 128).block_m
     assert w.dtype == torch.int32 and w.shape[1] == 2
     expect = {(b, t) for b, n in enumerate(sq) for t in range(-(-n // bm))}
     assert {tuple(x) for x in w.tolist()} == expect
@@ -371,8 +377,8 @@ def test_every_tile_fits_the_shared_memory_of_its_arch():
                     cfg = prefill.config_for(d, window, arch, fp8=fp8)
                     mode = prefill.KV_FP8_MODES[fp8] if fp8 else 0
                     assert cfg.smem_bytes(d, mode) <= max_dynamic_smem(arch), (arch, d, window, cfg, mode)
-    assert prefill.config_for(128, 0, "gfx942") == prefill.SMALL_SMEM_CONFIGS[128]
-    assert prefill.config_for(128, 0, "gfx950") == prefill.CONFIGS[128]  # 160 KB of LDS
+    assert prefill.config_for(128, 0, "gfx942") == prefill.PORTABLE_TILES.get("small_smem", 128)
+    assert prefill.config_for(128, 0, "gfx950") == prefill.PORTABLE_TILES.get("full", 128)  # 160 KB of LDS
 
 
 def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():
@@ -386,9 +392,9 @@ def test_hopper_kernel_only_on_sm90a_and_work_lists_follow_its_tile():
             items = prefill.work_items([1000], [1000], head_dim=d, arch=arch)
             assert items.shape[0] == -(-1000 // bm) and sorted(items[:, 1].tolist()) == list(range(-(-1000 // bm)))
     assert not prefill.config_for(256, 0, "sm_90a").wgmma
-    for table in (prefill.WGMMA_CONFIGS, prefill.WGMMA_WINDOW_CONFIGS):
-        for d, c in table.items():
-            assert c.smem_bytes(d) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d) + 1024) <= 228 * 1024
+    for (kind, d), c in prefill.HOPPER_TILES.entries.items():
+        mode = prefill.KV_FP8_MODES.get(kind, 0)
+        assert c.smem_bytes(d, mode) <= 227 * 1024 and c.ctas_per_sm * (c.smem_bytes(d, mode) + 1024) <= 228 * 1024
 
 
 def test_no_keys_at_all_gives_zero_rows_without_a_launch():
@@ -404,14 +410,22 @@ def test_no_keys_at_all_gives_zero_rows_without_a_launch():
 
 
 def test_gqa_pack_and_request_order():
-    c = prefill.WGMMA_CONFIGS[128]
+    c = prefill.HOPPER_TILES.get("full", 128)
     assert prefill.gqa_pack(c, 4) == 4 and prefill.gqa_pack(c, 1) == 1
+    assert prefill.gqa_pack(c, 4, pack_gqa=False) == 1  # a bench's comparison (Build.pack_gqa)
     assert prefill.gqa_pack(c, 3) == 1  # BLOCK_M 128 is not a multiple of 3: no packing
-    assert prefill.gqa_pack(prefill.CONFIGS[128], 4) == 1  # the portable kernel never packs
+    assert prefill.gqa_pack(prefill.PORTABLE_TILES.get("full", 128), 4) == 1  # the portable kernel never packs
     # request order: each request's tiles together, requests by their longest tile
     items = prefill.work_items([256, 512, 128], [256, 4096, 128], head_dim=128, arch="sm_80").tolist()
     assert [b for b, _ in items] == [1, 1, 1, 1, 0, 0, 2]
     assert [t for b, t in items if b == 1] == [3, 2, 1, 0]
+    # a bench's cost order: longest tiles first, whatever their request; its tile's BLOCK_M
+    items = prefill.work_items([256, 512, 128], [256, 4096, 128], head_dim=128, arch="sm_80", order="cost").tolist()
+    assert items[0] == [1, 3] and sorted(map(tuple, items)) == sorted((b, t) for b, n in enumerate([256, 512, 128])
+                                                                      for t in range(-(-n // 128)))
+    assert len(prefill.work_items([256], [256], head_dim=128, tile=prefill.Config(4, 64, 2))) == 256 // 64
+    with pytest.raises(ValueError, match="order"):
+        prefill.work_items([1], [1], head_dim=128, order="random")
 
 
 def _compile_or_skip(arch, variant):
@@ -430,7 +444,7 @@ def test_compiles_without_spills(arch, wgmma, tmp_path, monkeypatch):
 
     monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-    c = _compile_or_skip(arch, prefill._variant(128, 0, False, prefill.WGMMA_CONFIGS[128] if wgmma else None))
+    c = _compile_or_skip(arch, prefill._variant(128, 0, False, prefill.HOPPER_TILES.get("full", 128) if wgmma else None))
     assert c.binary[:4] == b"\x7fELF"
     use = runtime.resource_usage(c)
     if arch.startswith("sm_"):
@@ -442,14 +456,59 @@ def test_compiles_without_spills(arch, wgmma, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [(4, 32, 3, 2, 0), (4, 64, 2, 2, 0), (8, 64, 2, 2, 1), (8, 64, 3, 1, 2), (4, 64, 3, 1, 4)],
-                         ids=lambda c: "w{}n{}s{}m{}p{}".format(*c))
+@pytest.mark.parametrize("cfg", [(4, 32, 3, 2), (4, 64, 2, 2), (8, 64, 2, 2), (8, 64, 3, 1), (4, 64, 3, 1)],
+                         ids=lambda c: "w{}n{}s{}m{}".format(*c))
 @pytest.mark.parametrize("name", ["prefix_hit_gqa4", "sq1_rows_gqa8", "sink_tokens_8", "softcap_window_sinks", "empty_seqs"])
 def test_other_tile_configs(name, cfg, monkeypatch):
-    # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, exp2
-    # on the FMA pipe for some key groups (p4: all of them), etc.
+    # Tuning knobs stay correct: two 16-row tiles per warp, Q re-read from shared memory, etc.
     seqs, hq, hk, d, kw = CASES[name]
-    _force_path("portable", monkeypatch)
-    monkeypatch.setitem(prefill.CONFIGS, d, prefill.Config(*cfg))
-    monkeypatch.setitem(prefill.WINDOW_CONFIGS, d, prefill.Config(*cfg))
+    c = prefill.Config(*cfg)
+    _use_tiles(monkeypatch, portable=prefill.PORTABLE_TILES.replace({("full", d): c, ("small", d): c}),
+               hopper=prefill.TileTable(prefill.HOPPER_TILES.kernel, {}))
     _run_case(seqs, hq, hk, d, kw, torch.bfloat16, use_work=True, seed=3)
+
+
+def test_tile_tables_are_declared_immutable_and_checked():
+    """One declared table per kernel, read-only, each tile checked against the kernel's static
+    requirements when a table is made; no module global selects tiles, packing, schedule or order."""
+    import dataclasses
+
+    for t in (prefill.PORTABLE_TILES, prefill.HOPPER_TILES):
+        with pytest.raises(TypeError):
+            t.entries[("full", 128)] = prefill.Config(4, 64, 2)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            t.kernel = "x"
+    C = prefill.Config
+    for kernel, kind, d, bad in (
+            ("portable", "full", 128, C(4, 24, 2)),  # BLOCK_N not a multiple of 16
+            ("portable", "full", 128, C(3, 64, 2)),  # copies do not spread over 3 warps
+            ("portable", "full", 256, C(8, 128, 4)),  # shared memory
+            ("portable", "full", 64, C(4, 64, 2, wgmma=True)),  # a Hopper tile
+            ("portable", "wide", 64, C(4, 64, 2)),  # no such kind
+            ("hopper", "full", 128, C(6, 128, 2, wgmma=True)),  # not whole warpgroups
+            ("hopper", "full", 128, C(16, 128, 2, wgmma=True)),  # 4 consumer warpgroups
+            ("hopper", "full", 128, C(8, 96, 2, wgmma=True)),  # 96 keys: FP8 only
+            ("hopper", "full", 128, C(8, 128, 2, wgmma=True, ctas=3)),  # several CTAs: one warpgroup
+            ("hopper", "per_page", 64, C(8, 128, 2, wgmma=True)),  # FP8: d128
+            ("hopper", "per_page", 128, C(8, 128, 3, wgmma=True, o_promote=8)),  # promotion: one Q stage
+            ("hopper", "full", 128, C(8, 128, 4, wgmma=True, q_stages=2))):  # shared memory
+        table = prefill.PORTABLE_TILES if kernel == "portable" else prefill.HOPPER_TILES
+        with pytest.raises(ValueError):
+            table.replace({(kind, d): bad})
+    for name in ("CONFIGS", "WINDOW_CONFIGS", "SMALL_SMEM_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WINDOW_CONFIGS",
+                 "FP8_CONFIGS", "FP8_TENSOR_CONFIGS", "FP8_KEY_CONFIGS", "PORTABLE_FP8_CONFIGS", "PACK_GQA",
+                 "SCHEDULER", "WORK_ORDER"):
+        assert not hasattr(prefill, name), name
+    assert {f.name for f in dataclasses.fields(prefill.Config)}.isdisjoint({"exp_poly", "extra"})
+
+
+def test_build_is_explicit():
+    """A bench's build: its tile, source, defines, packing and scheduler reach the variant and the
+    launch only through varlen_attention's `build` argument."""
+    c = prefill.HOPPER_TILES.get("full", 128)
+    b = prefill.Build(c)
+    assert b.variant(128, 0, False) == prefill._variant(128, 0, False, c)
+    v = prefill.Build(c, source="/tmp/x.hip", defines={"X": 1}).variant(128, 0, False)
+    assert v.source == "/tmp/x.hip" and ("X", "1") in v.defines and v.kernel == prefill.HOPPER_KERNEL
+    with pytest.raises(ValueError, match="scheduler"):
+        prefill.Build(c, scheduler="greedy")

@@ -4,10 +4,10 @@ Where: ``atom_backend/catalog/tables/`` (package data), after ``$ATOM_TABLES_DIR
 directory searched first: tables from a fresh ``bench.tune`` / ``bench.calibrate`` run, tried
 before they are committed). Key: the arch family (``rules.arch_family``: sm_90a -> sm_90).
 
-Every table carries ``schema`` (this version reads ``SCHEMA``), ``arch`` and ``produced_by``
+Every table carries ``schema`` (this version reads ``SCHEMAS[kind]``), ``arch`` and ``produced_by``
 (command, date, device, software). A missing table, another schema or a table that does not
-parse means the documented defaults: the kernel modules' own tile configurations
-(``hip_kernels.prefill.CONFIGS`` / ``WINDOW_CONFIGS``) and the planner's threshold rules. A
+parse means the documented defaults: the kernel modules' own tile tables
+(``hip_kernels.prefill.PORTABLE_TILES`` / ``HOPPER_TILES``) and the planner's threshold rules. A
 table that exists but cannot be used is logged once, never fatal.
 
 A cost table also carries ``kernels``: the fingerprint (``kernel_fingerprint``) of the sources
@@ -35,12 +35,18 @@ from atom_backend.planning.rules import arch_family
 
 log = logging.getLogger("atom_backend")
 
-SCHEMA = 1
+# Table layout versions by kind. tuning 2: config rows without exp_poly.
+SCHEMAS = {"tuning": 2, "cost": 1}
 PACKAGE_DIR = Path(__file__).resolve().parent / "tables"
 KINDS = ("tuning", "cost")
 _ROOT = Path(__file__).resolve().parents[2]
 # What the cost table's timings depend on (paths from the repository / site-packages root).
 COSTED_SOURCES = ("hip_kernels/src/varlen_prefill.hip", "hip_kernels/src/varlen_prefill_hopper.hip",
+                  "hip_kernels/src/hopper_config.h", "hip_kernels/src/hopper_f16x2.h", "hip_kernels/src/hopper_smem.h",
+                  "hip_kernels/src/hopper_scheduler.h", "hip_kernels/src/hopper_producer.h",
+                  "hip_kernels/src/hopper_consumer.h", "hip_kernels/src/hopper_softmax.h",
+                  "hip_kernels/src/hopper_softmax16.h", "hip_kernels/src/hopper_promotion.h",
+                  "hip_kernels/src/hopper_epilogue.h",
                   "hip_kernels/src/prefill_tiles.h", "hip_kernels/src/fp8_pack.h", "hip_kernels/tma.py",
                   "hip_kernels/src/gather.hip", "hip_kernels/prefill.py", "hip_kernels/gather.py",
                   "hip_kernels/include/atom_mma.h", "hip_kernels/include/atom_device.h",
@@ -126,9 +132,9 @@ def _load_cached(kind: str, family: str, _dirs: tuple) -> dict | None:
     except (OSError, ValueError) as e:
         log.warning("atom: %s table %s unreadable (%s): using the defaults", kind, p, e)
         return None
-    if data.get("schema") != SCHEMA or data.get("kind", kind) != kind:
+    if data.get("schema") != SCHEMAS[kind] or data.get("kind", kind) != kind:
         log.warning("atom: %s table %s has schema %r (this version reads %d): using the defaults", kind, p,
-                    data.get("schema"), SCHEMA)
+                    data.get("schema"), SCHEMAS[kind])
         return None
     data["_path"] = str(p)
     return data
@@ -183,7 +189,7 @@ def write(kind: str, arch: str, body: dict, command: str, device: str, out_dir: 
     """Write a table (schema, kind, arch, produced_by + body) and return its path."""
     out = Path(out_dir) if out_dir else PACKAGE_DIR
     out.mkdir(parents=True, exist_ok=True)
-    data = {"schema": SCHEMA, "kind": kind, "arch": arch_family(arch),
+    data = {"schema": SCHEMAS[kind], "kind": kind, "arch": arch_family(arch),
             "produced_by": produced_by(command, device), **body}
     p = out / f"{kind}_{arch_family(arch)}.json"
     tmp = p.with_suffix(".json.tmp")

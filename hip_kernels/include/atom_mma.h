@@ -58,13 +58,8 @@
 #define ATOM_ASYNC_COPY ATOM_MMA_SYNC
 
 // An MMA is a pure function of its registers, so its asm is not volatile (the compiler may
-// schedule it freely); ATOM_MMA_ASM_VOLATILE=1 pins MMAs in program order (experiment knob).
-// Fragment loads stay volatile: they read shared memory that barriers order.
-#if defined(ATOM_MMA_ASM_VOLATILE) && ATOM_MMA_ASM_VOLATILE
-#define ATOM_MMA_ASM asm volatile
-#else
+// schedule it freely). Fragment loads stay volatile: they read shared memory that barriers order.
 #define ATOM_MMA_ASM asm
-#endif
 
 #if ATOM_NVIDIA
 #define ATOM_LAUNCH_BOUNDS2(n, min_blocks) __launch_bounds__(n, min_blocks)
@@ -645,7 +640,7 @@ template <> struct op8<128> {
                  : "+f"(d[0].x[0]), "+f"(d[0].x[1]), "+f"(d[0].x[2]), "+f"(d[0].x[3]), "+f"(d[0].x[4]), "+f"(d[0].x[5]), "+f"(d[0].x[6]), "+f"(d[0].x[7]), "+f"(d[1].x[0]), "+f"(d[1].x[1]), "+f"(d[1].x[2]), "+f"(d[1].x[3]), "+f"(d[1].x[4]), "+f"(d[1].x[5]), "+f"(d[1].x[6]), "+f"(d[1].x[7]), "+f"(d[2].x[0]), "+f"(d[2].x[1]), "+f"(d[2].x[2]), "+f"(d[2].x[3]), "+f"(d[2].x[4]), "+f"(d[2].x[5]), "+f"(d[2].x[6]), "+f"(d[2].x[7]), "+f"(d[3].x[0]), "+f"(d[3].x[1]), "+f"(d[3].x[2]), "+f"(d[3].x[3]), "+f"(d[3].x[4]), "+f"(d[3].x[5]), "+f"(d[3].x[6]), "+f"(d[3].x[7]), "+f"(d[4].x[0]), "+f"(d[4].x[1]), "+f"(d[4].x[2]), "+f"(d[4].x[3]), "+f"(d[4].x[4]), "+f"(d[4].x[5]), "+f"(d[4].x[6]), "+f"(d[4].x[7]), "+f"(d[5].x[0]), "+f"(d[5].x[1]), "+f"(d[5].x[2]), "+f"(d[5].x[3]), "+f"(d[5].x[4]), "+f"(d[5].x[5]), "+f"(d[5].x[6]), "+f"(d[5].x[7]), "+f"(d[6].x[0]), "+f"(d[6].x[1]), "+f"(d[6].x[2]), "+f"(d[6].x[3]), "+f"(d[6].x[4]), "+f"(d[6].x[5]), "+f"(d[6].x[6]), "+f"(d[6].x[7]), "+f"(d[7].x[0]), "+f"(d[7].x[1]), "+f"(d[7].x[2]), "+f"(d[7].x[3]), "+f"(d[7].x[4]), "+f"(d[7].x[5]), "+f"(d[7].x[6]), "+f"(d[7].x[7])
                  : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "l"(db), "r"(scale_d));
   }
-  // rs, N = 136: columns 128..135 of B (V^T's rows of ones, ROWSUM_MMA) accumulate into l[4]
+  // rs, N = 136: columns 128..135 of B (V^T's rows of ones: the FP8 prefill's row sums) accumulate into l[4]
   // (l[0..1]: row slot 0's two columns, l[2..3]: slot 1's).
   static ATOM_DEV void rs_sum(acc_t* d, float (&l)[4], const op_t& a, u64 db, int scale_d = 1) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"

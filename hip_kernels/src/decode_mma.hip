@@ -26,8 +26,7 @@
 //
 // Defines: HEAD_DIM (64|128|256), Q_DTYPE (0 bf16, 1 fp16), KV_DTYPE (0 bf16, 1 fp16, 2 e4m3fn,
 //          3 e4m3fnuz), NUM_WARPS (decode.py: 4 for 16-bit KV, 2 for FP8); tuning: KTILES (16-key
-//          tiles per warp per chunk), STAGES, MIN_CTAS (CTAs per SM the registers allow), DRY
-//          (timing experiments only: 1 = the copies without the math, results are wrong).
+//          tiles per warp per chunk), STAGES, MIN_CTAS (CTAs per SM the registers allow).
 // Dynamic shared memory: smem_bytes() below; hip_kernels/decode.py mirrors it (_mma_smem_bytes).
 
 #include "atom_mma.h"
@@ -44,12 +43,6 @@
 #endif
 #ifndef NUM_WARPS
 #define NUM_WARPS 4
-#endif
-#ifndef DRY
-#define DRY 0  // timing experiments only: 1 = copies without the math (results are wrong)
-#endif
-#ifndef TIMELINE
-#define TIMELINE 0  // experiment: per-CTA %globaltimer stamps after the workspace (results unchanged)
 #endif
 
 namespace atom_dmma {
@@ -99,7 +92,7 @@ constexpr int Q_BYTES = M * D * 2;
 // 2.7-4.6% slower).
 constexpr int MERGE_LD = D + 8;
 // Balanced splits (slices claimed at run time) for 16-bit KV only: FP8's latency-bound loop
-// loses more to the claims than the balance gains (session 18), and compiled out its per-page
+// loses more to the claims than the balance gains (docs/perf/decode.md), and compiled out its per-page
 // loop is ~3% faster.
 constexpr bool BALANCE = !FP8;
 constexpr int MERGE_BYTES = NW * M * (MERGE_LD + 2) * 4;
@@ -130,22 +123,6 @@ ATOM_DEV u32 fp8x2_to_f16x2(u32 w) {
   return atom::pack_f16x2(a, b);
 #endif
 }
-
-#if TIMELINE && !ATOM_NVIDIA
-#error "TIMELINE reads %globaltimer and %smid (NVIDIA only)"
-#endif
-#if TIMELINE
-ATOM_DEV unsigned long long now_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-ATOM_DEV unsigned int sm_id() {
-  unsigned int r;
-  asm volatile("mov.u32 %0, %smid;" : "=r"(r));
-  return r;
-}
-#endif
 
 template <bool B>
 struct flag {
@@ -244,16 +221,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   const int tid = (int)atom::tid_x();
   const int lane = tid % WARP;
   const int warp = tid / WARP;
-#if TIMELINE
-  // [entry, first chunk landed, loop done, end, sm]: 8 u64 per CTA after the workspace.
-  unsigned long long* tl = reinterpret_cast<unsigned long long*>(
-      o_partial + (((long long)num_splits * total_q * num_q_heads * (D + 1) + 1) & ~1LL)) +
-      8 * (((long long)s * atom::gdim_y() + b) * atom::gdim_x() + atom::bid_x());
-  if (tid == 0) {
-    tl[0] = now_ns();
-    tl[4] = sm_id();
-  }
-#endif
 
   // The request's bounds, all loaded at once (one latency, not two, before the page ids).
   const int q0 = cu_seqlens_q[b];
@@ -304,7 +271,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   // counter; a split's partial then covers the slices its warps took. Static: split s owns a
   // contiguous range. The host turns balancing on for a grid that fills the GPU; a request that
   // leaves splits idle does not fill its share of it, so it keeps fixed ranges (the claims cost
-  // more than they save there: docs/perf/decode.md, session 24).
+  // more than they save there: docs/perf/decode.md).
   const bool dyn = BALANCE && balanced != 0 && sem != nullptr && ns > 1 && ns == num_splits;
   const int n_sink = (window > 0 && (s == 0 || dyn)) ? imin(sink_tokens, lo) : 0;
   const int per = dyn ? main_len : (main_len + ns - 1) / ns;
@@ -650,16 +617,13 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       fetch(slice(c, NST + 1));
       atom::copy_wait<NST - 1>();
       atom::warp_sync();
-#if TIMELINE
-      if (c == 0 && tid == 0) tl[1] = now_ns();
-#endif
       if (FP8 && per_page && c == 0) {
         // Reference for the P columns: the V factor of the warp's first key (if it has keys).
         const float f = reinterpret_cast<const float*>(ring + 2 * KPW * KEYB)[KPW];
         v_ref = f > 0.f ? f : 1.f;
         inv_v_ref = 1.f / v_ref;
       }
-      if (!DRY) compute(c);
+      compute(c);
       atom::warp_sync();
       if constexpr (BALANCE) {
         // Next chunk's slices; a claim is only made while the counter may still hold slices.
@@ -673,9 +637,6 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
   }
   atom::copy_wait<0>();
   atom::sync_block();  // the ring becomes the merge buffer
-#if TIMELINE
-  if (tid == 0) tl[2] = now_ns();
-#endif
 
   // ---- Merge the warps through shared memory, normalise, write the split's partials.
 #pragma unroll
@@ -737,7 +698,7 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
     // 0's slice claims are performed before its CTA is counted) and, with `out`, combines the
     // group's partials itself (docs/design.md's combine, sinks once), so no combine kernel follows.
     // The flag lives in the merge buffer (read by now): a static __shared__ variable cost 7% on
-    // every shape, taken or not (session 18).
+    // every shape, taken or not.
     int* last = reinterpret_cast<int*>(body);
     atom::fence_device();
     atom::sync_block();
@@ -770,8 +731,4 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS2(atom_dmma::NT, MIN_CTAS) splitkv_
       }
     }
   }
-#if TIMELINE
-  atom::sync_block();
-  if (tid == 0) tl[3] = now_ns();
-#endif
 }

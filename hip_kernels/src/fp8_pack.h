@@ -15,7 +15,7 @@
 //   block's factors as the Hopper kernel's f16-score softmax takes them: words 0..7 each group's K scale (floored at 1e-30) over the block's largest,
 //   words 8..15 each group's V scale (over v_max), both f16 in both halves of the word; word 16 the
 //   largest K scale (fp32); words 24..31 each group's V factor as an exponent, c = 32 log2 f (f16,
-//   both halves: the Hopper kernel's FOLD_V adds it to the exp2's addend), and words 18..21 the
+//   both halves: the Hopper kernel (kFoldV) adds it to the exp2's addend), and words 18..21 the
 //   weights 2^(-c / 32) of the groups' row sums (f16; groups 2q and 2q + 1 in word 18 + q: lane quad
 //   q's). Ready-made, they take a division and a max tree off the path from S to the row max.
 //   Per 16 keys every group's V factor lies in (1/2, 1]: a page whose scale over v_max is f = 2^-e f'

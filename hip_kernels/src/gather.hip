@@ -168,8 +168,8 @@ extern "C" __global__ void ATOM_LAUNCH_BOUNDS(GATHER_THREADS) atom_gather_kv(
 // bodies: the e4m3 bytes as they are, V transposed in the key order of this target's P operand.
 // One block of 256 threads per 128 rows (the rows of one request, or padding) and KV head (grid
 // y): every K and V load of the block is in flight before its first store, and each V^T store of a
-// warp writes whole 128-byte rows (1.24-1.52x stop 39's blocks of all heads on H200, which staged
-// one V head after another and stored 16 bytes to each of 32 rows: docs/perf/prefill.md, stop 40).
+// warp writes whole 128-byte rows (1.24-1.52x blocks of all heads on H200, which staged one V head
+// after another and stored 16 bytes to each of 32 rows: docs/perf/prefill.md).
 // ---------------------------------------------------------------------------------------------
 #define FP8_ROWS kFp8Align
 

@@ -1,6 +1,6 @@
 // Pieces every varlen prefill body shares (varlen_prefill.hip, varlen_prefill_hopper.hip): which
-// KV tiles a block of query rows visits and which elements of a tile are visible (docs/design.md), and
-// exp2 on the FMA pipe. Bodies differ in how they move and multiply tiles, never in these rules.
+// KV tiles a block of query rows visits and which elements of a tile are visible (docs/design.md).
+// Bodies differ in how they move and multiply tiles, never in these rules.
 #pragma once
 
 #include "atom_device.h"
@@ -92,26 +92,11 @@ ATOM_DEV bool tile_needs_mask(int j0, int j1, int p_first, int p_last, int sk, b
   return j1 > sk || (causal && j1 - 1 > p_first) || (window > 0 && j0 <= p_last - window && j1 > sink_tokens);
 }
 
-// 2^x for x <= 127 on the FMA pipe (the softmax's x <= 8 with lazy rescaling): x = i + f with
-// i = rn(x), read from the low mantissa bits of x + 1.5 * 2^23, |f| <= 1/2; 2^f from a cubic
-// (minimax, relative error 1.02e-4, far under the e4m3 / bf16 / fp16 rounding of P), 2^i added to
-// its exponent bits. No floor or float-to-int conversion: those run on the pipe of the
-// special-function unit that exp2 would use (the earlier floor-based version lost 7-13%).
-// x < -126 (and -inf) gives 0.
-// fma: belongs in atom_device.h (asked for); NVRTC has no __builtin_fmaf.
+// fma: NVRTC has no __builtin_fmaf.
 #if ATOM_NVIDIA
 ATOM_DEV float fma_(float a, float b, float c) { return fmaf(a, b, c); }
 #else
 ATOM_DEV float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 #endif
-ATOM_DEV float exp2_fma(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23: x + kRound holds rn(x) in its low mantissa bits
-  const float xc = fmax_(x, -127.f);
-  const float t = xc + kRound;
-  const float f = xc - (t - kRound);
-  const float p = fma_(fma_(fma_(0.05500781f, f, 0.24220847f), f, 0.69328277f), f, 1.0f);
-  const float r = u32_as_f32(f32_as_u32(p) + (f32_as_u32(t) << 23));  // exponent + i (mod 2^32: t's own bits shift out)
-  return x < -126.f ? 0.f : r;
-}
 
 }  // namespace atom_prefill

@@ -43,9 +43,7 @@
 // Defines: DTYPE (0 bf16, 1 fp16), HEAD_DIM (64|128|256), SOFTCAP (0|1), KV_FP8 (0|1|2|3: FP8
 //          compute needs HEAD_DIM 64|128 and BLOCK_N 64|128),
 //          tuning: NUM_WARPS, WARP_M_TILES (16-row tiles per warp), BLOCK_N, STAGES, MIN_BLOCKS,
-//          Q_IN_REGS, EXP_POLY (how many of the BLOCK_N/16 key groups take exp2 from a polynomial
-//          on the FMA pipe instead of the special-function unit), DIAG (timing experiments only:
-//          1 = no exp2, 2 = no softmax; results are wrong).
+//          Q_IN_REGS.
 
 #include "atom_mma.h"
 #include "fp8_pack.h"
@@ -77,12 +75,6 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS (KV_FP8 || HEAD_DIM * WARP_M_TILES <= 128)
-#endif
-#ifndef EXP_POLY
-#define EXP_POLY 0
-#endif
-#ifndef DIAG
-#define DIAG 0
 #endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
@@ -126,7 +118,7 @@ static_assert(D % 16 == 0 && D >= 64, "head_dim must be a multiple of 16, at lea
 static_assert(BN % 16 == 0, "BLOCK_N must be a multiple of 16");
 static_assert(NST >= 2, "the copy ring needs two stages");
 static_assert(((BN * CPR) % NT == 0 && (BM * CPR) % NT == 0), "copies must spread evenly over the threads");
-static_assert(!kFp8 || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && DIAG == 0 && Q_IN_REGS),
+static_assert(!kFp8 || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && Q_IN_REGS),
               "FP8 prefill: head_dim 64 or 128, BLOCK_N 64 or 128 (a tile inside one 128-key block of the pack), Q in registers");
 constexpr int TILE_U16 = BN * D * EB / 2;  // a K or V tile, in 16-bit elements
 constexpr int SMEM_BYTES = 2 * (BM * D + NST * 2 * TILE_U16);
@@ -241,7 +233,6 @@ ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D
 
   // Online softmax (log2 units): new running max per row, rescale, exponentiate.
   float mx[acc_t::row_slots], alpha[acc_t::row_slots], msc[acc_t::row_slots];
-#if DIAG != 2
 #pragma unroll
   for (int s = 0; s < acc_t::row_slots; ++s) mx[s] = m_run[s];
 #pragma unroll
@@ -270,24 +261,12 @@ ATOM_DEV void softmax16(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)[D
 #pragma unroll
       for (int e = 0; e < acc_t::ne; ++e) oa[dt].x[e] *= alpha[acc_t::row_slot(e)];
   }
-#else
-  (void)alpha; (void)mx;
-#pragma unroll
-  for (int s = 0; s < acc_t::row_slots; ++s) msc[s] = 0.f;
-#endif
 #pragma unroll
   for (int nt = 0; nt < BN / 16; ++nt) {
 #pragma unroll
     for (int e = 0; e < acc_t::ne; ++e) {
       const int s = acc_t::row_slot(e);
-#if DIAG == 1
-      const float pv = fmax_(sa[nt].x[e] * a_eff - msc[s] + 1.f, 0.f);
-#elif DIAG == 2
-      const float pv = sa[nt].x[e];
-#else
-      const float arg = sa[nt].x[e] * a_eff - msc[s];
-      const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
-#endif
+      const float pv = exp2_(sa[nt].x[e] * a_eff - msc[s]);
       sa[nt].x[e] = pv;
       l_run[s] += pv;
     }
@@ -396,7 +375,7 @@ ATOM_DEV void fp8_softmax(acc_t (&sa)[BN / 16], op_t (&pf)[BN / 16], acc_t (&oa)
     for (int e = 0; e < acc_t::ne; ++e) {
       const int s = acc_t::row_slot(e);
       const float arg = sa[nt].x[e] * (kGroupK ? a_eff[s] * t.gk[nt] : a_eff[s]) - msc[s];
-      const float pv = nt < EXP_POLY ? exp2_fma(arg) : exp2_(arg);
+      const float pv = exp2_(arg);
       rs[s] += pv;
       sa[nt].x[e] = pv * (kGroupScales ? t.gv[nt] * t.vc : KV_FP8 == 2 ? t.v(16 * nt + acc_t::get_j(e)) : 1.f);
     }

@@ -1,0 +1,66 @@
+"""bench/overlay.py: the benches' builds of the shipped kernels (edits that must each fit once), and every
+overlay a bench writes compiles (its kernels run on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import overlay
+from hip_kernels import runtime
+
+
+def test_an_edit_must_fit_exactly_once():
+    assert overlay.apply("a b c", [overlay.replace("b", "B"), overlay.after("c", "!"), overlay.before("a", ">")]) == ">a B c!"
+    with pytest.raises(overlay.OverlayError, match="0 occurrences"):
+        overlay.apply("a b c", [overlay.replace("x", "y")])
+    with pytest.raises(overlay.OverlayError, match="2 occurrences"):
+        overlay.apply("a a", [overlay.replace("a", "b")])
+
+
+def test_overlay_directory_holds_the_kernel_headers(tmp_path):
+    path = overlay.write("combine.hip", [], "same")
+    d = overlay.directory()
+    assert {p.name for p in overlay.SRC_DIR.glob("*.h")} <= {p.name for p in d.iterdir()}
+    assert open(path).read() == (overlay.SRC_DIR / "combine.hip").read_text()
+    # a header edit gets a directory of its own: the other overlays keep the shipped header
+    p2 = overlay.write("varlen_prefill.hip", [], "hdr", {"prefill_tiles.h": [overlay.after("#pragma once\n", "// x\n")]})
+    assert "// x" in open(p2.rsplit("/", 1)[0] + "/prefill_tiles.h").read()
+    assert "// x" not in (d / "prefill_tiles.h").read_text()
+
+
+def _sm90(monkeypatch, tmp_path):
+    try:
+        runtime.toolchain_for("sm_90a")
+    except runtime.ToolchainMissingError:
+        pytest.skip("NVRTC not installed")
+    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
+
+
+@pytest.mark.parametrize("dry,timeline", [(True, False), (False, True), (True, True)])
+def test_decode_overlays_compile(dry, timeline, monkeypatch, tmp_path):
+    """bench.decode_profile's builds of the tensor-core split kernel: its copies without the math (dry,
+    bench.stream_probe too) and its per-CTA timeline stamps."""
+    from bench import decode_profile
+    from hip_kernels import decode
+
+    _sm90(monkeypatch, tmp_path)
+    src = decode_profile.mma_source(dry=dry, timeline=timeline)
+    text = open(src).read()
+    assert ("(void)c;  // dry" in text) == dry and ("tl[3] = now_ns()" in text) == timeline
+    v = decode._mma_variant(128, 0, 0)
+    c = runtime.compile_variant(runtime.Variant(src, v.kernel, v.defines), "sm_90a")
+    assert c.binary[:4] == b"\x7fELF"
+
+
+def test_fp8_long_rowsum_overlay_compiles(monkeypatch, tmp_path):
+    """bench.fp8_long's per-tensor two-warpgroup fp32-score tile with P's row sums by the tensor cores."""
+    import dataclasses
+
+    from bench import fp8_long
+    from hip_kernels import prefill
+
+    _sm90(monkeypatch, tmp_path)
+    cfg = dataclasses.replace(prefill.config_for(128, 0, "sm_90a", "per_tensor"), num_warps=8, f16_scores=False)
+    v = prefill.Build(cfg, source=fp8_long.rowsum_source()).variant(128, 0, False, prefill.KV_FP8_MODES["per_tensor"])
+    assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
