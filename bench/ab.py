@@ -28,16 +28,10 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from bench.common import parse_defines
+from bench.common import parse_defines, rotated, tflops
 
 SRC_DIR = Path(__file__).resolve().parents[1] / "hip_kernels" / "src"
 KERNEL = "varlen_prefill_hopper.hip"
-
-
-def rotated(names: list, rnd: int) -> list:
-    """The variants' order in round `rnd`: each one leads one round in len(names)."""
-    k = rnd % len(names)
-    return names[k:] + names[:k]
 
 
 def summary(tflops: dict, names: list) -> dict:
@@ -162,7 +156,7 @@ def main(argv=None):
                 except RuntimeError as e:  # a launch failure leaves the device unusable
                     raise SystemExit(f"{name} failed on {label!r}: {e}")
                 torch.cuda.synchronize()
-                tf.setdefault((label, name), []).append(bp.tflops(pairs, d, hq, bench_ms(fn, rep_ms=100)))
+                tf.setdefault((label, name), []).append(tflops(pairs, d, hq, bench_ms(fn, rep_ms=100)))
     print(f"\n| shape | {' | '.join(names)} | base' / base | work / base |")
     print("| --- |" + " ---: |" * (len(names) + 2))
     for label, row in summary(tf, names).items():

@@ -103,7 +103,7 @@ def main() -> None:
 
     from atom_backend.catalog import tuning
     from bench import prefill as bp
-    from bench.common import device_name
+    from bench.common import device_name, tflops
     from hip_kernels import prefill
 
     tuning.apply(prefill._default_arch())
@@ -122,7 +122,7 @@ def main() -> None:
                 paths.append((tag, bp.run_fp8(seqs, q, bp.fp8_paged(k, v, seqs, per_page=per_page), with_gather=False, **kw)))
         for tag, fn in paths:
             s, ms = sustained(fn, args.seconds, fields)
-            print(f"| {label} | {tag} | {bp.tflops(pairs, d, hq, ms):.1f} | {s['mhz']:.0f} | {s['watts']:.0f} | "
+            print(f"| {label} | {tag} | {tflops(pairs, d, hq, ms):.1f} | {s['mhz']:.0f} | {s['watts']:.0f} | "
                   f"{s['celsius']:.0f} | {', '.join(s['reasons']) or '-'} |", flush=True)
 
 

@@ -104,3 +104,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, device: int = 0) -> float:
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def rotated(names: list, rnd: int) -> list:
+    """The variants' order in round `rnd`: each one leads one round in len(names)."""
+    k = rnd % len(names)
+    return names[k:] + names[:k]
+
+
+def tflops(pairs: int, d: int, hq: int, ms: float) -> float:
+    return 4.0 * pairs * d * hq / (ms * 1e-3) / 1e12

@@ -17,8 +17,7 @@ import sys
 
 import torch
 
-from bench import ab
-from bench.common import bench_ms, device_name
+from bench.common import bench_ms, device_name, rotated, tflops
 from hip_kernels import prefill
 
 
@@ -31,10 +30,6 @@ def visible_pairs(sq: int, sk: int, causal: bool = True, window: int = 0) -> int
         lo = max(0, p - window + 1) if window > 0 else 0
         n += max(0, hi - lo)
     return n
-
-
-def tflops(pairs: int, d: int, hq: int, ms: float) -> float:
-    return 4.0 * pairs * d * hq / (ms * 1e-3) / 1e12
 
 
 def make(seqs, hq, hk, d, dtype=torch.bfloat16, device="cuda"):
@@ -319,12 +314,12 @@ ROTATED_SHAPES = ("causal 32/8 d128 4x4k", "causal 32/8 d128 1x16k")
 
 
 def rotated_tflops(fns: dict, rounds: int, pairs, d, hq, time_ms=None) -> dict:
-    """{name: [TFLOP/s per round]}: every round times each of fns once, the order rotated (bench.ab.rotated)
+    """{name: [TFLOP/s per round]}: every round times each of fns once, the order rotated (bench.common.rotated)
     so that each leads equally often over len(fns) rounds."""
     time_ms = time_ms or (lambda fn: bench_ms(fn, rep_ms=100))
     out = {n: [] for n in fns}
     for rnd in range(rounds):
-        for name in ab.rotated(list(fns), rnd):
+        for name in rotated(list(fns), rnd):
             out[name].append(tflops(pairs, d, hq, time_ms(fns[name])))
     return out
 

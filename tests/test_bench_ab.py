@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bench import ab
+from bench import common
 from bench.common import parse_defines
 
 
 def test_every_variant_leads_once_per_cycle_of_rounds():
     names = ["base", "base'", "work"]
-    orders = [ab.rotated(names, r) for r in range(6)]
+    orders = [common.rotated(names, r) for r in range(6)]
     assert all(sorted(o) == sorted(names) for o in orders)
     for pos in range(3):
         assert sorted(o[pos] for o in orders[:3]) == sorted(names)  # each position, each variant once

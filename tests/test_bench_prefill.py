@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import common
 from bench import prefill as bp
 
 
@@ -21,7 +22,7 @@ def test_rotated_rounds_time_each_kernel_once_a_round_and_rotate_the_lead():
     rounds = [calls[4 * r: 4 * r + 4] for r in range(8)]
     assert all(sorted(r) == sorted(fns) for r in rounds)
     assert sorted(r[0] for r in rounds) == sorted(list(fns) * 2)  # each kernel leads twice in 8 rounds
-    assert out["fp8 per_page"] == [pytest.approx(bp.tflops(10**6, 128, 32, 1.0))] * 8
+    assert out["fp8 per_page"] == [pytest.approx(common.tflops(10**6, 128, 32, 1.0))] * 8
     assert out["fp8 per_page"][0] == pytest.approx(2 * out["ours"][0])
 
 
@@ -38,6 +39,6 @@ def test_measure_rotated_rows_hold_medians_and_rounds(monkeypatch):
     bp.measure_rotated("x", {"a": lambda: None, "b": lambda: None}, 3, 10**6, 128, 32, rows)
     by = {r["impl"]: r for r in rows}
     assert set(by) == {"rotated a", "rotated b"} and all(r["shape"] == "x" for r in rows)
-    t = lambda ms: bp.tflops(10**6, 128, 32, ms)  # noqa: E731
+    t = lambda ms: common.tflops(10**6, 128, 32, ms)  # noqa: E731
     assert by["rotated a"]["rounds"] == [t(1.0), t(2.0), t(2.0)] and by["rotated a"]["tflops"] == t(2.0)
     assert by["rotated b"]["rounds"] == [t(2.0), t(4.0), t(2.0)] and by["rotated b"]["tflops"] == t(2.0)
