@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -28,3 +30,17 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.fixture
+def sm90_cache(monkeypatch, tmp_path):
+    """NVRTC for sm_90a (or a skip where the extra is missing) and a private kernel cache."""
+    from hip_kernels import runtime
+
+    try:
+        runtime.toolchain_for("sm_90a")
+    except runtime.ToolchainMissingError:
+        pytest.skip("NVRTC not installed")
+    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
+    return tmp_path

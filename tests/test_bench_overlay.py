@@ -28,23 +28,13 @@ def test_overlay_directory_holds_the_kernel_headers(tmp_path):
     assert "// x" not in (d / "prefill_tiles.h").read_text()
 
 
-def _sm90(monkeypatch, tmp_path):
-    try:
-        runtime.toolchain_for("sm_90a")
-    except runtime.ToolchainMissingError:
-        pytest.skip("NVRTC not installed")
-    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
-
-
 @pytest.mark.parametrize("dry,timeline", [(True, False), (False, True), (True, True)])
-def test_decode_overlays_compile(dry, timeline, monkeypatch, tmp_path):
+def test_decode_overlays_compile(dry, timeline, sm90_cache):
     """bench.decode_profile's builds of the tensor-core split kernel: its copies without the math (dry,
     bench.stream_probe too) and its per-CTA timeline stamps."""
     from bench import decode_profile
     from hip_kernels import decode
 
-    _sm90(monkeypatch, tmp_path)
     src = decode_profile.mma_source(dry=dry, timeline=timeline)
     text = open(src).read()
     assert ("(void)c;  // dry" in text) == dry and ("tl[3] = now_ns()" in text) == timeline
@@ -53,14 +43,13 @@ def test_decode_overlays_compile(dry, timeline, monkeypatch, tmp_path):
     assert c.binary[:4] == b"\x7fELF"
 
 
-def test_fp8_long_rowsum_overlay_compiles(monkeypatch, tmp_path):
+def test_fp8_long_rowsum_overlay_compiles(sm90_cache):
     """bench.fp8_long's per-tensor two-warpgroup fp32-score tile with P's row sums by the tensor cores."""
     import dataclasses
 
     from bench import fp8_long
     from hip_kernels import prefill
 
-    _sm90(monkeypatch, tmp_path)
     cfg = dataclasses.replace(prefill.config_for(128, 0, "sm_90a", "per_tensor"), num_warps=8, f16_scores=False)
     v = prefill.Build(cfg, source=fp8_long.rowsum_source()).variant(128, 0, False, prefill.KV_FP8_MODES["per_tensor"])
     assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"

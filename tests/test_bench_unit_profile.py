@@ -42,17 +42,10 @@ def test_summary_needs_a_written_row():
 
 
 @pytest.mark.parametrize("fp8,level", [(False, 1), (True, 1), (True, 2)])
-def test_profile_builds_compile_for_sm90a(fp8, level, tmp_path, monkeypatch):
+def test_profile_builds_compile_for_sm90a(fp8, level, sm90_cache):
     """The unit profile's build (the stamps of bench.unit_profile.profile_source, an overlay of the shipped
     kernel; level 2: a round's parts too) compiles with NVRTC sm_90a in a 16-bit and an FP8 per-16-keys build."""
     from hip_kernels import prefill, runtime
-
-    try:
-        runtime.toolchain_for("sm_90a")
-    except runtime.ToolchainMissingError:
-        pytest.skip("NVRTC not installed")
-    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
     mode = "per_page16" if fp8 else None
     build = prefill.Build(prefill.config_for(128, 0, "sm_90a", mode), source=up.profile_source(level))
     v = build.variant(128, 0, False, prefill.KV_FP8_MODES[mode] if fp8 else 0)
