@@ -3,7 +3,7 @@
 // Kernel sources include this file and nothing vendor-specific: they use atom:: functions and
 // the ATOM_* capability macros, never __CUDA_ARCH__ / __gfx*__ / threadIdx directly.
 //
-// Three compile modes, chosen by the runtime (hip_kernels/runtime.py):
+// Three compile modes, chosen by the runtime (hip_kernels/runtime/toolchains.py):
 //   NVRTC (NVIDIA)            __CUDACC_RTC__ / __CUDACC__ defined; cuda_bf16/fp16/fp8 headers
 //                             come from the nvidia-cuda-runtime wheel's include dir.
 //   hiprtc on a ROCm install  HIP runtime headers are implicit.
