@@ -192,12 +192,5 @@ def check(caps: PathCaps | None, sig: Signature) -> Refusal | None:
     return None
 
 
-def served(caps: PathCaps | None, attr: str) -> frozenset:
-    """Values of one Entry field over a path's first kernel group (for tables and logs)."""
-    if caps is None or not caps.groups:
-        return frozenset()
-    return frozenset(getattr(e, attr) for e in caps.groups[0][1])
-
-
 __all__ = ["Entry", "Signature", "Refusal", "Rule", "RULES", "PathCaps", "ANY", "check", "check_entries",
-           "arch_family", "compile_target", "served", "ARCHS", "Q_DTYPES", "KV_DTYPES", "SCALE_MODES", "FEATURES"]
+           "arch_family", "compile_target", "ARCHS", "Q_DTYPES", "KV_DTYPES", "SCALE_MODES", "FEATURES"]
