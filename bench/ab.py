@@ -127,7 +127,7 @@ def main(argv=None):
             continue
         q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
         okw = bp.kernel_options(kw, hq)
-        pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
+        pairs = sum(bp.visible_pairs(a, b, kw.get("window", 0)) for a, b in seqs)
         runs.append((label, lambda n, s=seqs, t=(q, k, v, cu_q, cu_k), o=okw, w=kw.get("window", 0):
                      bp.run_ours(s, *t, build=build(n, t[0].shape[2], w), **o), pairs, d, hq))
         if args.fp8 and (label in bp.FP8_SHAPES or "softcap" in kw):

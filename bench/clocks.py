@@ -115,7 +115,7 @@ def main() -> None:
         if (args.only and args.only not in label) or (not args.only and label not in bp.FP8_SHAPES):
             continue
         q, k, v, cu_q, cu_k = bp.make(seqs, hq, hk, d)
-        pairs = sum(bp.visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
+        pairs = sum(bp.visible_pairs(a, b, kw.get("window", 0)) for a, b in seqs)
         paths = [("bf16", bp.run_ours(seqs, q, k, v, cu_q, cu_k, **bp.kernel_options(kw, hq)))]
         if label in bp.FP8_SHAPES or "softcap" in kw:
             for per_page, tag in ((True, "fp8 per page"), (False, "fp8 per tensor")):

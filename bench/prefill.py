@@ -17,19 +17,14 @@ import sys
 
 import torch
 
+from atom_backend.planning import cost
 from bench.common import bench_ms, device_name, rotated, tflops
 from hip_kernels import prefill
 
 
-def visible_pairs(sq: int, sk: int, causal: bool = True, window: int = 0) -> int:
-    n = 0
-    off = sk - sq
-    for i in range(sq):
-        p = off + i
-        hi = min(sk, p + 1) if causal else sk
-        lo = max(0, p - window + 1) if window > 0 else 0
-        n += max(0, hi - lo)
-    return n
+def visible_pairs(sq: int, sk: int, window: int = 0) -> int:
+    """Visible (query, key) pairs of a causal request of sq new queries over sk keys (docs/design.md)."""
+    return int(cost.visible_pairs(sq, sk - sq, window))
 
 
 def make(seqs, hq, hk, d, dtype=torch.bfloat16, device="cuda"):
@@ -374,7 +369,7 @@ def main(argv=None):
         shapes = [s for s in shapes if args.only in s[0]]
     rows = []
     for label, seqs, hq, hk, d, kw in shapes:
-        pairs = sum(visible_pairs(a, b, True, kw.get("window", 0)) for a, b in seqs)
+        pairs = sum(visible_pairs(a, b, kw.get("window", 0)) for a, b in seqs)
         print(f"{label}: {sum(a for a, _ in seqs)} q tokens, {pairs / 1e6:.1f}M visible pairs per head", flush=True)
         q, k, v, cu_q, cu_k = make(seqs, hq, hk, d)
         okw = kernel_options(kw, hq)

@@ -18,8 +18,10 @@ import sys
 
 import torch
 
+from atom_backend.planning.cost import visible_pairs
 from atom_backend.unified import TileConfig, paged_attention, paged_decode
 from bench.common import bench_ms, copy_bandwidth_gbs, device_name
+
 
 DT = torch.bfloat16
 
@@ -49,15 +51,6 @@ def _paged(seqs_k, hk, d, page, dtype, gen):
     return kc, vc, bt
 
 
-def _visible_pairs(sq, sk, window):
-    tot = 0
-    for i in range(sq):
-        p = sk - sq + i
-        lo = max(0, p - window + 1) if window else 0
-        tot += p - lo + 1
-    return tot
-
-
 def prefill(name, hq, hk, d, batch, seqlen, window, sinks, sweep, out_rows):
     gen = torch.Generator().manual_seed(0)
     page = 16
@@ -66,7 +59,7 @@ def prefill(name, hq, hk, d, batch, seqlen, window, sinks, sweep, out_rows):
     cu = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * seqlen
     sl = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     s = torch.randn(hq, device="cuda") if sinks else None
-    flops = 4 * batch * _visible_pairs(seqlen, seqlen, window) * d * hq
+    flops = 4 * batch * visible_pairs(seqlen, 0, window) * d * hq
     tag = f"{name} B={batch} S={seqlen} w={window or '-'}{' sinks' if sinks else ''}"
 
     def ours(cfg=None):
@@ -102,7 +95,7 @@ def prefill(name, hq, hk, d, batch, seqlen, window, sinks, sweep, out_rows):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    full_flops = 4 * batch * _visible_pairs(seqlen, seqlen, 0) * d * hq
+    full_flops = 4 * batch * visible_pairs(seqlen, 0, 0) * d * hq
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             with sdpa_kernel([backend]):
