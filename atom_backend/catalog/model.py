@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atom_backend.planning import ModelFacts, PlanError, reduce_layer_windows
+from hip_kernels.runtime.arch import native_fp8_name
 
 _DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
            "float32": "fp32", "fp32": "fp32", "float": "fp32"}
@@ -42,7 +43,7 @@ class ModelSpec:
             if kv == "auto":
                 kv_dtype, scale = self.dtype, "none"
             elif kv.startswith("fp8"):
-                kv_dtype = "fp8_e4m3fnuz" if arch in ("gfx940", "gfx941", "gfx942") else "fp8_e4m3"
+                kv_dtype = native_fp8_name(arch)
                 scale = self.kv_scale_mode
             else:
                 kv_dtype, scale = _DTYPES.get(kv, kv), "none"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from atom_backend.planning import rules
 from atom_backend.planning.rules import ARCHS, FEATURES, SCALE_MODES, Entry, PathCaps, Refusal, Signature
+from hip_kernels.runtime.arch import native_fp8_name
 
 log = logging.getLogger("atom_backend")
 
@@ -29,10 +30,6 @@ _KV_DECODE = {2: "fp8_e4m3", 3: "fp8_e4m3fnuz"}
 _OUT = {1: "bf16", 2: "fp16", 3: "fp32"}
 _ALL_FEATURES = frozenset(FEATURES)
 _PAGES = (1, 1024)
-
-
-def _native_fp8(arch: str) -> str:
-    return "fp8_e4m3fnuz" if arch in ("gfx940", "gfx941", "gfx942") else "fp8_e4m3"
 
 
 def _module_variants(mod, arch: str) -> list:
@@ -84,7 +81,7 @@ def _prefill_entries(mod, arch: str) -> list[Entry]:
                 continue
             scale, pages, role = _PREFILL_FP8[d["KV_FP8"]]
             feats = {"sinks", "window", "sink_tokens", "lse"} | ({"softcap"} if sc else set())
-            out.append(Entry("varlen_prefill_fp8", "varlen", _Q[code], _native_fp8(arch), (scale,), hd, pages,
+            out.append(Entry("varlen_prefill_fp8", "varlen", _Q[code], native_fp8_name(arch), (scale,), hd, pages,
                              frozenset(feats), tile, (arch,), v.name, role))
             continue
         roles = []
@@ -111,7 +108,7 @@ def _gather_entries(mod, arch: str) -> list[Entry]:
             scale = {1: "per_tensor", 2: "per_page"}[d["GATHER_SCALE"]]
             role += " v_ref" if fp8_ref else ""
             for q in ("bf16", "fp16"):
-                out.append(Entry("gather_kv_fp8", "varlen", q, _native_fp8(arch), (scale,), 0, _PAGES, _ALL_FEATURES,
+                out.append(Entry("gather_kv_fp8", "varlen", q, native_fp8_name(arch), (scale,), 0, _PAGES, _ALL_FEATURES,
                                  (), (arch,), v.name, role))
             continue
         if not d.get("GATHER_FP8"):
@@ -120,7 +117,7 @@ def _gather_entries(mod, arch: str) -> list[Entry]:
                                  (arch,), v.name, role))
             continue
         scale = {1: "per_tensor", 2: "per_page"}[d["GATHER_SCALE"]]
-        out.append(Entry("gather_kv", "varlen", _OUT[d["GATHER_OUT"]], _native_fp8(arch), (scale,), 0, _PAGES,
+        out.append(Entry("gather_kv", "varlen", _OUT[d["GATHER_OUT"]], native_fp8_name(arch), (scale,), 0, _PAGES,
                          _ALL_FEATURES, (), (arch,), v.name, role))
     return out
 
@@ -131,7 +128,7 @@ def _decode_entries(mod, arch: str) -> list[Entry]:
         d = _defines(v)
         q, kv = _Q[d["Q_DTYPE"]], d["KV_DTYPE"]
         if kv >= 2:
-            if _KV_DECODE[kv] != _native_fp8(arch):
+            if _KV_DECODE[kv] != native_fp8_name(arch):
                 continue  # the other e4m3 flavour: no cache of this arch holds it
             kvn, scales = _KV_DECODE[kv], ("per_tensor", "per_page")
         else:

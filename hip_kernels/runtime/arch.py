@@ -6,10 +6,13 @@ import functools
 import logging
 import re
 
-
 from hip_kernels.runtime.errors import KernelError
 
 log = logging.getLogger("hip_kernels")
+
+# CDNA3 converts the fnuz flavour of e4m3 natively; every other target, the OCP one.
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+
 
 def is_amd_arch(arch: str) -> bool:
     return arch.startswith("gfx")
@@ -34,11 +37,17 @@ def max_dynamic_smem(arch: str) -> int:
     return {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024}.get(sm, 99 * 1024)
 
 
+def native_fp8_name(arch: str) -> str:
+    """The e4m3 flavour the hardware converts natively (docs/design.md "FP8 KV cache"), by its
+    planner name: "fp8_e4m3fnuz" or "fp8_e4m3"."""
+    return "fp8_e4m3fnuz" if arch in FNUZ_ARCHS else "fp8_e4m3"
+
+
 def native_fp8_dtype(arch: str):
-    """The e4m3 flavour the hardware converts natively (docs/design.md "FP8 KV cache")."""
+    """The torch dtype of ``native_fp8_name``."""
     import torch
 
-    return torch.float8_e4m3fnuz if arch in ("gfx940", "gfx941", "gfx942") else torch.float8_e4m3fn
+    return torch.float8_e4m3fnuz if arch in FNUZ_ARCHS else torch.float8_e4m3fn
 
 
 def device_arch(device=None) -> str:
