@@ -172,7 +172,7 @@ def cmd_tables(args) -> int:
         for kind in tables.KINDS:
             data = tables.load(kind, arch)
             if data is None:
-                what = ("defaults: hip_kernels.prefill CONFIGS / WINDOW_CONFIGS" if kind == "tuning"
+                what = ("defaults: hip_kernels.prefill PORTABLE_TILES / HOPPER_TILES" if kind == "tuning"
                         else "none: threshold routing (ATOM_VARLEN_MIN_NEW_TOKENS, ATOM_MAX_GATHER_RATIO)")
                 print(f"{rules.arch_family(arch):8s} {kind:7s} {what}")
             else:
