@@ -11,6 +11,8 @@ vLLM decode graph keeps (sized for a long max_model_len) against the eager plann
 contexts. `split_grid`: power-of-two split counts and the planner's over batch sizes x context
 lengths (JSON rows, the planner's loss against the best count). `fused_combine`: balanced splits
 combined by their last CTA against the combine kernel. Host cost per call: `bench.host`.
+
+Size (over 500 lines): a lab bench of several profiles of one kernel; nothing here ships.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ ranges on purpose: a request's splits (when it uses all of the grid's) claim 16-
 whole range at run time, so a partial covers the slices its CTA took (the combined attention is
 the same; its rounding varies from run to run, and ATOM_DETERMINISTIC_DECODE=1 / balanced=False
 restores fixed ranges).
+
+Size (over 500 lines, on purpose): the host side of one kernel family, whose variant table, argument
+checks for both page-table layouts and ``SplitKVPlan`` share one launch contract; split apart, each
+part would restate it.
 """
 
 from __future__ import annotations

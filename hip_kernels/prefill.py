@@ -29,6 +29,9 @@ on the H100). An arch's tuning table replaces tiles through use_tuned (atom_back
 bench that times another tile, source or schedule passes it to varlen_attention (build=Build(...)).
 Window, sink tokens, sinks, causal and lse are run-time arguments: they only change which tiles
 are visited and which elements are masked, so they cost nothing when unused.
+
+Size (over 500 lines, on purpose): both prefill bodies' declared tile tables with their compile-time
+checks, the host work lists and the launcher share ``Config`` and the per-arch choice of body.
 """
 
 from __future__ import annotations
