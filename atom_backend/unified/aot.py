@@ -38,6 +38,8 @@ class Variant:
     kv_dtype: str
     num_q_heads: int
     num_kv_heads: int
+    window: int  # the layer's (its value is specialised on, like any int argument)
+    sink_tokens: int
     cfg: configs.TileConfig
     constexprs: tuple  # sorted (name, value) pairs
 
@@ -85,8 +87,8 @@ def launch_variants(arch: str, facts, max_query_tokens: int = 1) -> list[Variant
                     softcap=facts.softcap, per_tensor=facts.kv_scale_mode == "per_tensor",
                     per_page=facts.kv_scale_mode == "per_page", causal=True)
                 const.update(SPLIT=entry == "paged_decode", RETURN_LSE=False)
-                v = Variant(entry, key, facts.dtype, facts.kv_dtype, facts.num_q_heads, facts.num_kv_heads, cfg,
-                            tuple(sorted(const.items())))
+                v = Variant(entry, key, facts.dtype, facts.kv_dtype, facts.num_q_heads, facts.num_kv_heads, window,
+                            facts.sink_tokens, cfg, tuple(sorted(const.items())))
                 if v not in out:
                     out.append(v)
     return out
@@ -116,7 +118,7 @@ def _arguments(v: Variant) -> dict:
         stride_qt=hq * d, stride_qh=d, stride_ot=0 if split else hq * d, stride_oh=0 if split else d,
         stride_kb=page * hk * d, stride_kt=hk * d, stride_kh=d, stride_vb=page * hk * d, stride_vt=hk * d,
         stride_vh=d, stride_bt=_GENERIC,
-        qk_scale=0.5, cap_in=0.5, cap_out=0.5, window=_GENERIC if c["USE_WINDOW"] else 0, sink_tokens=0,
+        qk_scale=0.5, cap_in=0.5, cap_out=0.5, window=v.window, sink_tokens=v.sink_tokens,
     )
     rule = ("min_split_keys", "fill_splits", "long_split_keys", "split_ctas", "split_slots", "wave_fill")
     args.update({n: _GENERIC if split else 0 for n in rule})
