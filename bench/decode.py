@@ -93,6 +93,20 @@ def kv_bytes(batch: int, ctx: int, elem: int) -> int:
     return 2 * batch * ctx * HK * D * elem + 2 * batch * HQ * D * 2  # K + V, plus q and out
 
 
+# The FMA split kernel's keys per chunk (U) and ring depth (NST) as shipped; --tune times others.
+FMA_U = "constexpr int U = ROWS == 8 ? 2 : (ROWS == 4 && KV_BYTES == 2) ? 3 : 4;"
+FMA_NST = "constexpr int NST = KV_BYTES == 1 ? (ROWS <= 2 ? 5 : 4) : (ROWS >= 4 ? 4 : 3);"
+
+
+def fma_tuned(t: dict) -> str:
+    """An overlay of decode.hip with U = t["UNROLL"] and NST = t["STAGES"]."""
+    from bench import overlay
+
+    edits = [overlay.replace(FMA_U, f"constexpr int U = {t['UNROLL']};"),
+             overlay.replace(FMA_NST, f"constexpr int NST = {t['STAGES']};")]
+    return str(overlay.write("decode.hip", edits, f"u{t['UNROLL']}_s{t['STAGES']}"))
+
+
 def run_ours(c, splits, tune=None, with_combine=True, impl=None, source=None):
     """One decode step over `splits` splits, every request on all of them: what the backend
     launches at the planner's own count for a batch of one length (its SplitRule then keeps every
@@ -262,7 +276,7 @@ def main(argv=None) -> None:
                          else [{"UNROLL": 4, "STAGES": 3}, {"UNROLL": 2, "STAGES": 6}])
                 for t in tunes:
                     record("ours_partials", shape, kv, planned,
-                           bench_ms(run_ours(c, planned, tune=t, with_combine=False)), nbytes, json.dumps(t))
+                           bench_ms(run_ours(c, planned, source=fma_tuned(t), with_combine=False)), nbytes, json.dumps(t))
                 record("ours_partials", shape, kv, planned, bench_ms(run_ours(c, planned, with_combine=False)),
                        nbytes, "default")
             if kv == "bf16":

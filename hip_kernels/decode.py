@@ -5,7 +5,7 @@ splits), writing fp32 partials into a workspace, then `hip_kernels.combine.combi
 splits and applies the per-head sinks once. The tensor-core kernel needs no combine launch: with
 one split it writes the output and lse itself, with up to FUSE_MAX_SPLITS
 (FUSE_MAX_BALANCED_SPLITS when balanced) the last CTA of each (kv head, row block, request)
-combines its group's partials (completion counters in `semaphores`). No host synchronisation:
+combines its group's partials (completion counters from `runtime.workspace.semaphores`). No host synchronisation:
 every check here reads shapes, dtypes, strides and Python numbers only, so the call is CUDA-graph
 capturable when the caller passes a fixed `workspace` and a fixed `num_splits` (the planner picks
 it).
@@ -43,6 +43,8 @@ import functools
 import math
 
 import torch
+
+from hip_kernels.runtime.workspace import semaphores
 
 SOURCE = "decode.hip"
 KERNEL = "splitkv_decode"
@@ -302,13 +304,9 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, kv_indpt
 
 # Counters of the tensor-core split kernel with several splits (the balanced mode's slice counter
 # and the completion count that picks the CTA which combines): two int32 per (request, kv head,
-# row block), zero between launches (the last CTA of each group resets its pair), one buffer per
-# (device, stream) so that decodes on different streams never share a counter, sized once for
-# large batches (grown_buffer). One first made during a CUDA-graph capture comes from the graph
-# memory pool, where another graph of that pool may overwrite it: a graph that outlives its
-# capture takes counters made outside it (SplitKVPlan(counters=...)).
-_SEMAPHORES: dict = {}  # (device, stream) -> grown_buffer's list
-_MIN_SEMAPHORES = 1 << 16
+# row block), zero between launches (the last CTA of each group resets its pair), from the
+# per-stream runtime.workspace.semaphores. A graph that outlives its capture takes counters made
+# outside it (SplitKVPlan(counters=...)).
 
 
 # Splits the last CTA of a group still combines faster than a combine launch on fixed ranges
@@ -319,26 +317,6 @@ _MIN_SEMAPHORES = 1 << 16
 # for short ones (1 x 512 keys: 14.7 -> 12.6 us per layer).
 FUSE_MAX_SPLITS = 16
 FUSE_MAX_BALANCED_SPLITS = 32
-
-
-def grown_buffer(buffers: list, need: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The newest buffer of `buffers` if it holds `need` elements on `device`, else a new zeroed
-    one (at least twice the size) appended. Outgrown buffers stay in the list, allocated:
-    launches packed or captured earlier keep their addresses."""
-    buf = buffers[-1] if buffers else None
-    if buf is None or buf.numel() < need or buf.device != torch.device(device):
-        buf = torch.zeros(max(need, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
-        buffers.append(buf)
-    return buf
-
-
-def semaphores(device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters (>= count) for the tensor-core split kernel on the current stream."""
-    from hip_kernels import runtime
-
-    idx = device.index if isinstance(device, torch.device) else torch.device(device).index
-    key = (device, runtime.current_stream(torch.cuda.current_device() if idx is None else idx))
-    return grown_buffer(_SEMAPHORES.setdefault(key, []), max(count, _MIN_SEMAPHORES), torch.int32, device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -505,7 +483,7 @@ class SplitKVPlan:
 
     def _prepare(self, final, q, k_cache, v_cache, out, lse_out, scale, window, sink_tokens, sinks, softcap,
                  k_scale, v_scale, k_descale, v_descale, stream) -> _Launch:
-        num_splits, max_query_len = self.num_splits, self.max_query_len
+        num_splits = self.num_splits
         if final:
             if out is None or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
                 raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "

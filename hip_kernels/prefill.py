@@ -646,7 +646,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         a, c = scale * _LOG2E, 0.0
     if cfg.wgmma:
         from hip_kernels import tma
-        from hip_kernels.decode import semaphores  # per-stream zeroed counters, left zeroed
+        from hip_kernels.runtime.workspace import semaphores  # per-stream zeroed counters, left zeroed
 
         # Persistent: one CTA per SM walks the hq units of every work item.
         grid = min(n_y * hq, _num_sms(q.device) * cfg.ctas_per_sm)

@@ -53,3 +53,18 @@ def test_fp8_long_rowsum_overlay_compiles(sm90_cache):
     cfg = dataclasses.replace(prefill.config_for(128, 0, "sm_90a", "per_tensor"), num_warps=8, f16_scores=False)
     v = prefill.Build(cfg, source=fp8_long.rowsum_source()).variant(128, 0, False, prefill.KV_FP8_MODES["per_tensor"])
     assert runtime.compile_variant(v, "sm_90a").binary[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("kv_code,tune", [(0, {"UNROLL": 3, "STAGES": 3}), (2, {"UNROLL": 2, "STAGES": 6})])
+def test_fma_tune_overlay_compiles(kv_code, tune, sm90_cache):
+    """bench.decode --tune's builds of the FMA split kernel with other keys per chunk and ring depths."""
+    from bench import decode as bench_decode
+
+    src = bench_decode.fma_tuned(tune)
+    text = open(src).read()
+    assert f"constexpr int U = {tune['UNROLL']};" in text and f"constexpr int NST = {tune['STAGES']};" in text
+    from hip_kernels import decode
+
+    v = decode._variant(128, 1, 0, kv_code)
+    c = runtime.compile_variant(runtime.Variant(src, v.kernel, v.defines), "sm_90a")
+    assert c.binary[:4] == b"\x7fELF"

@@ -8,7 +8,6 @@ CPU tests cover the launch-time validation, the page-division magic numbers and 
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 
@@ -18,6 +17,7 @@ import torch
 from atom_backend import reference as ref
 from atom_backend.tolerances import assert_close, assert_lse_close
 from hip_kernels import decode
+from hip_kernels.runtime import workspace
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
@@ -309,7 +309,7 @@ def test_split_rule_idles_the_splits_a_request_is_not_worth(kv, rule, want):
 def counters_zero() -> bool:
     """Every split-KV counter buffer is back at zero (the kernels reset what they used)."""
     torch.cuda.synchronize()
-    return all(int(buf.abs().sum()) == 0 for bufs in decode._SEMAPHORES.values() for buf in bufs)
+    return workspace.semaphores_zeroed()
 
 
 @pytest.mark.gpu
@@ -541,8 +541,8 @@ def test_plan_survives_a_grown_counter_buffer():
     b = make_batch([(1, 300), (1, 40)], 8, 2, 128, 16, seed=4)
     plan = decode.SplitKVPlan(b["cu_q"], b["seq_lens"], **b["tables"], max_query_len=1, num_splits=5)
     plan.run(b["q"], b["k_cache"], b["v_cache"])
-    old = decode.semaphores(b["q"].device, 1)
-    assert decode.semaphores(b["q"].device, old.numel() + 1).data_ptr() != old.data_ptr()
+    old = workspace.semaphores(b["q"].device, 1)
+    assert workspace.semaphores(b["q"].device, old.numel() + 1).data_ptr() != old.data_ptr()
     out = plan.run(b["q"], b["k_cache"], b["v_cache"])
     torch.cuda.synchronize()
     assert_close(out.float().cpu(), reference(b)[0], torch.bfloat16, "after the counters grew")

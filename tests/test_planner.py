@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atom_backend.planning import planner as planner_module
-from atom_backend import planning as planner
 from atom_backend.planning import (ModelFacts, Path, Plan, PlanError, PlannerConfig, Platform, Reason,
                                    SplitRule, decode_split_rule, decode_splits, fills_last_wave,
                                    plan, request_split_tokens, request_splits, whole_wave_splits)

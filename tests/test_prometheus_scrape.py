@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.parse

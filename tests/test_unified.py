@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from atom_backend import reference as ref
-from atom_backend.tolerances import assert_close, assert_lse_close, bound_for
+from atom_backend.tolerances import assert_close, assert_lse_close
 from atom_backend.unified import TileConfig, decode_workspace_numel, paged_attention, paged_decode
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

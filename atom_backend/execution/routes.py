@@ -17,7 +17,6 @@ sequence's pages directly from the cache. No SDPA: sinks, windows and soft-cap a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

@@ -32,7 +32,6 @@ Recording roles (who records which series on a model of several KV-cache groups)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -56,8 +55,8 @@ try:
 except ImportError:  # the metrics module is optional at run time (prometheus-client missing)
     _metrics = None
 
-# Per-process routing counters (cheap ints). The integration tests read them, in-process or
-# through the JSON file named by ATOM_DEBUG_COUNTERS (rewritten after every batch when set).
+# Per-process routing counters (cheap ints) for in-process readers (integration_tests/runner.py);
+# the Prometheus series (atom_backend.metrics) are what a deployment reads.
 COUNTERS: dict[str, int] = {
     "batches": 0, "decode_requests": 0, "varlen_requests": 0, "unified_requests": 0,
     "varlen_prefix_hit_requests": 0, "varlen_cached_tokens": 0, "unified_prefix_hit_requests": 0,
@@ -218,7 +217,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             softcap=max((getattr(i, "logits_soft_cap", 0.0) or 0.0) for i in impls) if impls else 0.0,
             page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
-        self._setup(device, health.detect_platform(device), os.environ.get("ATOM_DEBUG_COUNTERS") or None, layer_names)
+        self._setup(device, health.detect_platform(device), layer_names)
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
     @classmethod
@@ -231,10 +230,10 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         device = torch.device(device)
         b = object.__new__(cls)
         b.facts, b.config, b.block_size = facts, config, facts.page_size
-        b._setup(device, platform or health.detect_platform(device), None, layer_names)
+        b._setup(device, platform or health.detect_platform(device), layer_names)
         return b
 
-    def _setup(self, device, platform, counter_file, layer_names=None) -> None:
+    def _setup(self, device, platform, layer_names=None) -> None:
         if self.facts.kv_scale_mode == "per_page":
             # LayerParams carries vLLM's per-tensor scales only; a per-page cache would be read with those
             raise _planner.PlanError("the backend's executors take per-tensor KV scales (vLLM's); per-page scales "
@@ -244,7 +243,6 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         self._warned_sync = False
         self._graph_workspaces: list[torch.Tensor] = []
         self._graph_counters: list[torch.Tensor] = []
-        self._counter_file = counter_file
         self.layer_kind = layer_kind(self.facts)
         self._num_layers = len(layer_names) if layer_names else 1
         self._rank = layer_rank(layer_names or ())
@@ -313,7 +311,8 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
         # Shared by every captured graph (they replay one at a time) and made here, outside any
         # capture: made inside, they would come from the pool vLLM's graphs share, where another
         # graph's temporaries overwrite them.
-        from hip_kernels.decode import counter_elems, grown_buffer, workspace_elems
+        from hip_kernels.decode import counter_elems, workspace_elems
+        from hip_kernels.runtime.workspace import grown_buffer
 
         dev, f = cm.query_start_loc.device, self.facts
         md.workspace = grown_buffer(self._graph_workspaces, workspace_elems(md.num_splits, r.num_tokens, f.num_q_heads,
@@ -449,10 +448,3 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             c["unified_prefix_hit_requests"] += int((cached[p.unified] > 0).sum())
             for i, why in zip(p.unified.tolist(), p.unified_reasons):
                 PREFILL_LOG.append((int(new[i]), int(cached[i]), "unified", why.value))
-        if self._counter_file:
-            from atom_backend.execution import gather
-
-            tmp = f"{self._counter_file}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"counters": c, "gather": gather.STATS, "prefills": list(PREFILL_LOG)}, f)
-            os.replace(tmp, self._counter_file)

@@ -49,7 +49,8 @@ ready (atom-backend's metrics do): this package imports nothing of its users.
 
 Modules, by concern: ``variant`` (what is compiled), ``arch`` (targets), ``toolchains``
 (compilers), ``cache`` (disk cache and ``compile_variant``), ``launch`` (loading, argument
-packing, launches on the torch stream), ``errors``.
+packing, launches on the torch stream), ``workspace`` (grown device buffers and the per-stream
+zeroed counters kernels share, imported on its own: it needs torch), ``errors``.
 """
 
 from hip_kernels.runtime.arch import (device_arch, is_amd_arch, is_mfma_arch, max_dynamic_smem, native_fp8_dtype,

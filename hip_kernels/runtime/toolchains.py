@@ -183,7 +183,7 @@ def _wheel_fingerprint(pattern: str) -> str | None:
     files = []
     for base in spec.submodule_search_locations:
         files += [p for p in Path(base).glob(f"*/lib/{pattern}") if p.is_file()]
-        files += [p for p in Path(base).glob(f"*/include/cuda_*.h") if p.is_file()]
+        files += [p for p in Path(base).glob("*/include/cuda_*.h") if p.is_file()]
     if not any(p.name.startswith(pattern.rstrip("*")) for p in files):
         return None
     h = hashlib.sha256()

@@ -7,13 +7,13 @@
 //
 // Memory layout of the work: each key is one contiguous head_dim vector of K (and of V) in its
 // page. Each warp owns KPW keys of every chunk: its lanes copy them, 16 bytes per lane per copy,
-// from the pages into the warp's own slice of a STAGES-deep shared-memory ring (asynchronous
+// from the pages into the warp's own slice of an NST-deep shared-memory ring (asynchronous
 // copies where the device layer has them), then read them back as key groups of L lanes, 8
 // elements per lane. Copying and computing are warp-local: no block barrier in the loop. Every
 // key group runs its own online softmax over its keys; groups are merged once at the end
 // (shuffles within a warp, shared memory across warps).
 //
-// Pipelining: STAGES-1 chunks of copies are in flight while a chunk is computed, without holding
+// Pipelining: NST-1 chunks of copies are in flight while a chunk is computed, without holding
 // registers; page ids are looked up one chunk ahead of the copies that need them.
 //
 // KV decode without conversion instructions: bf16 is the top half of an fp32; fp16 and fp8 are
@@ -23,8 +23,7 @@
 // the inner loops are integer ALU + FMA only. Requires denormals kept (no flush-to-zero).
 //
 // Defines: HEAD_DIM (64|128|256), ROWS (1|2|4|8), Q_DTYPE (0 bf16, 1 fp16),
-//          KV_DTYPE (0 bf16, 1 fp16, 2 fp8 e4m3fn, 3 fp8 e4m3fnuz), NUM_THREADS (128),
-//          tuning: UNROLL (keys per group per chunk), STAGES (ring depth).
+//          KV_DTYPE (0 bf16, 1 fp16, 2 fp8 e4m3fn, 3 fp8 e4m3fnuz), NUM_THREADS (128).
 
 #include "atom_device.h"
 
@@ -57,18 +56,10 @@ static_assert(D % VEC == 0 && L <= WARP && WARP % L == 0, "head_dim does not map
 constexpr int GPW = WARP / L;                // key groups per warp
 constexpr int NW = NUM_THREADS / WARP;
 static_assert(NUM_THREADS % WARP == 0, "whole warps only");
-// Keys per group per chunk and ring depth: registers hold q and the accumulator (16 x ROWS),
+// Keys per group per chunk (U) and ring depth (NST): registers hold q and the accumulator (16 x ROWS),
 // UNROLL x ROWS scores; shared memory holds the copies in flight (measured: docs/perf/decode.md).
-#ifdef UNROLL
-constexpr int U = UNROLL;
-#else
 constexpr int U = ROWS == 8 ? 2 : (ROWS == 4 && KV_BYTES == 2) ? 3 : 4;
-#endif
-#ifdef STAGES
-constexpr int NST = STAGES;
-#else
 constexpr int NST = KV_BYTES == 1 ? (ROWS <= 2 ? 5 : 4) : (ROWS >= 4 ? 4 : 3);
-#endif
 static_assert(NST >= 2, "a ring needs two stages");
 constexpr int KPW = GPW * U;                 // keys per warp per chunk
 constexpr int CHUNK = NW * KPW;              // keys per CTA per chunk
