@@ -84,22 +84,24 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(model_dir: Path, log_path: Path, *extra_args: str, **env_extra):
+def serve(model_dir: Path, log_path: Path, *extra_args: str, base_args=tuple(CPU_SERVE_ARGS),
+          ready_timeout: float = READY_TIMEOUT_S, **env_extra):
     """vLLM's OpenAI server started as docs/vllm.md says (``python -m
     vllm.entrypoints.openai.api_server --model M --attention-backend CUSTOM``, plus the CPU
     arguments), with the caller's environment less any PROMETHEUS_MULTIPROC_DIR: the package as
-    installed must arrange what /metrics needs. Yields the base URL once /health answers; the
+    installed must arrange what /metrics needs (base_args: the GPU suite's instead of the CPU
+    arguments). Yields the base URL once /health answers; the
     server and its engine processes are stopped on exit."""
     port = _free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--attention-backend", "CUSTOM", "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", "tiny", *CPU_SERVE_ARGS, *extra_args]
+           "--served-model-name", "tiny", *base_args, *extra_args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=engine_env(**env_extra), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
+            deadline = time.monotonic() + ready_timeout
             while True:
                 assert proc.poll() is None, log_path.read_text()[-5000:]
                 try:

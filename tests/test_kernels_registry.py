@@ -447,3 +447,19 @@ def test_the_cost_key_ignores_where_the_sources_live(monkeypatch, tmp_path):
         assert tables.kernel_fingerprint() == key
     finally:
         tables.kernel_fingerprint.cache_clear()
+
+
+@pytest.mark.skipif(not _have("sm_90a"), reason="NVRTC missing")
+def test_build_in_threads_compiles_what_the_model_needs(tmp_path, monkeypatch):
+    """The serving process's warm-up (execution.health.warm_kernels) compiles in threads: a vLLM
+    worker is a daemon process and may not start a process pool."""
+    from atom_backend.catalog import build
+
+    monkeypatch.setenv("ATOM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATOM_NO_COMPILE", raising=False)
+    job = build.plan_build(["sm_90a"], lambda _arch: [GPT_OSS])[0]
+    job.variants, job.triton = job.variants[:3], []
+    results = build.run([job], workers=2, progress=False, threads=True)
+    assert [r.error for r in results] == ["", "", ""] and not any(r.cache_hit for r in results), results
+    again = build.run([job], workers=2, progress=False, threads=True)
+    assert all(r.cache_hit for r in again), again

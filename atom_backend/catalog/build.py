@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from atom_backend.catalog import registry, tuning
@@ -141,8 +141,9 @@ class _Progress:
             self.bar.close()
 
 
-def run(jobs: list[Job], workers: int | None = None, progress: bool = True) -> list[Result]:
-    """Compile every (arch, variant) of the jobs in `workers` processes (default: all cores)."""
+def run(jobs: list[Job], workers: int | None = None, progress: bool = True, threads: bool = False) -> list[Result]:
+    """Compile every (arch, variant) of the jobs in `workers` processes (default: all cores), or
+    threads (a daemon process, such as a vLLM worker, may not start processes)."""
     skips = _triton_skips(jobs)
     tasks = [(j.arch, v) for j in jobs for v in j.variants + j.triton]
     if not tasks:
@@ -161,13 +162,17 @@ def run(jobs: list[Job], workers: int | None = None, progress: bool = True) -> l
             if bar:
                 bar.update(f"{arch} {v.kernel}")
     else:
-        import multiprocessing as mp
+        if threads:
+            pool = ThreadPoolExecutor(max_workers=workers)
+        else:
+            import multiprocessing as mp
 
-        # fork is cheap, but not after CUDA is initialised in this process (the tuner's case)
-        torch_mod = sys.modules.get("torch")
-        cuda_up = torch_mod is not None and torch_mod.cuda.is_initialized()
-        ctx = mp.get_context("fork" if sys.platform.startswith("linux") and not cuda_up else "spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            # fork is cheap, but not after CUDA is initialised in this process (the tuner's case)
+            torch_mod = sys.modules.get("torch")
+            cuda_up = torch_mod is not None and torch_mod.cuda.is_initialized()
+            ctx = mp.get_context("fork" if sys.platform.startswith("linux") and not cuda_up else "spawn")
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        with pool:
             futs = {pool.submit(_compile_one, arch, v): (arch, v) for arch, v in tasks}
             for f in as_completed(futs):
                 results.append(f.result())

@@ -9,6 +9,7 @@ path and the builder plans later batches without it (``without_failed_kernels``)
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 import torch
@@ -103,3 +104,41 @@ def detect_platform(device: torch.device) -> Platform:
         _fallback(Reason.NO_KERNEL.value, "varlen+splitkv", f"{type(e).__name__}: {e}")
         return Platform(vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch,
                                  num_sms=props.multi_processor_count, varlen_kernel=False, splitkv_kernel=False)
+
+
+# Compiled per process start at most once per (arch, model facts, decode width).
+_WARMED: set = set()
+
+
+def warm_kernels(facts, device: torch.device, max_query_tokens: int) -> None:
+    """Compile (or fetch from the disk cache) every kernel variant `facts` can launch on `device`
+    before the first batch: the selection is the launchers' own (``catalog.registry.select``), so a
+    request that comes later in serving, a prefix hit or a speculative step, finds its variant ready
+    instead of stalling its batch on a compile. Threads, not processes: vLLM's engine and worker
+    processes are daemons, which may not start children. A variant that fails is left to the first
+    launch, which reports it (``mark_kernel_failed``) and plans around it."""
+    if device.type != "cuda":
+        return
+    from hip_kernels import runtime
+
+    arch = runtime.device_arch(device.index)
+    key = (arch, facts, max_query_tokens)
+    if key in _WARMED:
+        return
+    _WARMED.add(key)
+    try:
+        from atom_backend.catalog import build
+
+        jobs = build.plan_build([arch], lambda _arch: [facts], max_query_tokens=max_query_tokens)
+        for j in jobs:
+            j.triton = []  # Triton compiles its own launches, into its own cache
+        results = build.run(jobs, workers=min(8, os.cpu_count() or 1), progress=False, threads=True)
+    except Exception as e:  # the first launch will meet and report the same problem
+        logger.warning("atom-backend: kernels not compiled ahead of the first batch (%s: %s)", type(e).__name__, e)
+        return
+    failed = [r for r in results if r.error]
+    for r in failed:
+        logger.warning("atom-backend: %s did not compile ahead of serving: %s", r.name, r.error.splitlines()[0])
+    built = [r for r in results if not r.error and not r.skipped]
+    logger.info("atom-backend: %d kernel variants ready for %s (%d compiled now, %.1f s)", len(built), arch,
+                sum(not r.cache_hit for r in built), sum(r.seconds for r in built))

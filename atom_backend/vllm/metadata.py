@@ -218,6 +218,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             page_size=self.block_size, layer_windows=layer_windows(per_layer),
         )
         self._setup(device, health.detect_platform(device), layer_names)
+        health.warm_kernels(self.facts, device, self.config.decode_max_query_tokens)
         logger.debug("atom: builder for %d layers: %s on %s", len(layer_names), self.facts, self.platform)
 
     @classmethod

@@ -1,0 +1,203 @@
+"""`python -m bench.serve`: what a user of vLLM sees, per attention backend: output tokens per
+second, median time to first token and time per output token, on vLLM's offline engine (torch.compile
+and CUDA graphs as vLLM defaults them) with real-size models built from a config and dummy weights
+(no download), prompts as token ids.
+
+    python -m bench.serve --model llama8b --workload prefix --backends CUSTOM,FLASH_ATTN,TRITON_ATTN \\
+        --rounds 3 --out bench-serve/
+
+Models: llama8b (Llama-3.1-8B's shape: 32 q / 8 kv heads, d 128, 32 layers) and gptoss20b
+(gpt-oss-20b's shape: 64 / 8 heads, d 64, sinks, window 128 on alternate layers, 32 experts; bf16
+weights, where the released model is MXFP4). Workloads:
+- decode: 256 requests, 1k tokens in, 1k out (decode-heavy);
+- prefix: 64 requests sharing an 8k prefix, 512 own tokens each, 256 out, prefix caching on (one
+  request first to fill the cache, as a served system's earlier traffic would);
+- long: 8 requests of 32k tokens in, 512 out.
+Every (model, workload, backend, round) runs in an engine of its own (a subprocess) and writes its
+own result file under --out, so a run cut short resumes where it stopped; rounds interleave the
+backends (A B C, A B C, ...). The summary prints each backend's medians and its ratio to the
+others. --profile adds one profiled round per backend: the share of GPU time in attention kernels
+(torch profiler, kernels named by backend) beside the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = {
+    "llama8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+                "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"},
+    "gptoss20b": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+                  "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
+                  "experts_per_token": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+                  "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+                  "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "hidden_act": "silu", "swiglu_limit": 7.0,
+                  "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                   "truncate": False, "original_max_position_embeddings": 4096},
+                  "tie_word_embeddings": False, "bos_token_id": 199998, "eos_token_id": 200002,
+                  "pad_token_id": 199999, "torch_dtype": "bfloat16"},
+}
+
+WORKLOADS = {
+    # name: (requests, prompt tokens, shared prefix tokens, output tokens, prefix caching)
+    "decode": (256, 1024, 0, 1024, False),
+    "prefix": (64, 512, 8192, 256, True),
+    "long": (8, 32768, 0, 512, False),
+}
+
+
+def model_dir(name: str, root: Path) -> Path:
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(MODELS[name], indent=1))
+    return d
+
+
+def prompts(workload: str, vocab: int, seed: int = 0) -> list[list[int]]:
+    n, own, shared, _, _ = WORKLOADS[workload]
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1000, vocab - 1000) for _ in range(shared)]
+    return [prefix + [rng.randrange(1000, vocab - 1000) for _ in range(own)] for _ in range(n)]
+
+
+def run_one(a) -> dict:
+    """One engine, one workload: the child process's work."""
+    from vllm import LLM, SamplingParams
+
+    n, own, shared, out_len, caching = WORKLOADS[a.workload]
+    cfg = MODELS[a.model]
+    llm = LLM(model=str(model_dir(a.model, Path(a.models_dir))), load_format="dummy", skip_tokenizer_init=True,
+              dtype="bfloat16", max_model_len=own + shared + out_len + 16, enable_prefix_caching=caching,
+              gpu_memory_utilization=0.85, attention_config={"backend": a.backend}, disable_log_stats=False,
+              seed=0, **({"kv_cache_dtype": a.kv_cache_dtype} if a.kv_cache_dtype != "auto" else {}))
+    sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, detokenize=False)
+    ps = [{"prompt_token_ids": p} for p in prompts(a.workload, cfg["vocab_size"])]
+    if shared:  # the prefix is in the cache before the timed requests, as earlier traffic leaves it
+        llm.generate([{"prompt_token_ids": ps[0]["prompt_token_ids"][:shared] + [1001]}],
+                     SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+    llm.generate(ps[:2], SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)  # first launches
+    prof = None
+    if a.profile:
+        import torch
+
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    t0 = time.perf_counter()
+    outs = llm.generate(ps, sp, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    res = {"model": a.model, "workload": a.workload, "backend": a.backend, "round": a.round, "wall_s": wall,
+           "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    res["output_tok_s"] = res["output_tokens"] / wall
+    ttft = [o.metrics.first_token_latency for o in outs if o.metrics is not None]
+    tpot = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / (len(o.outputs[0].token_ids) - 1)
+            for o in outs if o.metrics is not None and len(o.outputs[0].token_ids) > 1]
+    res["ttft_median_s"] = statistics.median(ttft) if ttft else None
+    res["tpot_median_s"] = statistics.median(tpot) if tpot else None
+    res["cached_tokens"] = sum(o.num_cached_tokens or 0 for o in outs)
+    if prof is not None:
+        import torch
+
+        torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        res["kernels"] = kernel_shares(prof)
+    return res
+
+
+# Kernel names of the attention backends compared here (ours: hip_kernels' and the unified path's).
+ATTENTION_KERNELS = ("varlen_prefill", "splitkv_decode", "decode_mma", "combine", "gather", "unified_attention",
+                     "flash", "fmha", "attention", "attn", "reshape_and_cache")
+
+
+def kernel_shares(prof) -> dict:
+    """GPU time by kernel from a finished torch profiler: the total, the attention kernels' part, and
+    the ten largest kernels."""
+    rows = [(e.key, e.device_time_total) for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(t for _, t in rows)
+    attn = sum(t for k, t in rows if any(s in k.lower() for s in ATTENTION_KERNELS))
+    top = sorted(rows, key=lambda r: -r[1])[:10]
+    return {"total_us": total, "attention_us": attn, "attention_share": attn / total if total else 0.0,
+            "top": [{"kernel": k[:120], "us": t} for k, t in top]}
+
+
+def summary(results: list[dict]) -> str:
+    by = {}
+    for r in results:
+        by.setdefault((r["model"], r["workload"]), {}).setdefault(r["backend"], []).append(r)
+    lines = []
+    for (model, wl), backs in sorted(by.items()):
+        med = {b: statistics.median(r["output_tok_s"] for r in rs) for b, rs in backs.items()}
+        lines.append(f"## {model} / {wl}")
+        lines.append("| backend | rounds | output tok/s (median) | TTFT median ms | TPOT median ms | vs CUSTOM |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for b, rs in sorted(backs.items()):
+            ttft = statistics.median(r["ttft_median_s"] for r in rs if r.get("ttft_median_s") is not None) * 1e3
+            tpot = statistics.median(r["tpot_median_s"] for r in rs if r.get("tpot_median_s") is not None) * 1e3
+            rel = med.get("CUSTOM", float("nan")) / med[b]
+            lines.append(f"| {b} | {len(rs)} | {med[b]:.0f} | {ttft:.1f} | {tpot:.2f} | {rel:.3f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="prefix")
+    ap.add_argument("--backends", default="CUSTOM,FLASH_ATTN,TRITON_ATTN")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--profile", action="store_true", help="one more round per backend under the torch profiler")
+    ap.add_argument("--out", default="bench-serve")
+    ap.add_argument("--models-dir", default=None, help="where model configs are written (default: OUT/models)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per engine")
+    ap.add_argument("--summary", action="store_true", help="only print the summary of the results in --out")
+    # the child's arguments
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", help=argparse.SUPPRESS)
+    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    out = Path(a.out)
+    a.models_dir = a.models_dir or str(out / "models")
+    if a.one:
+        print("RESULT " + json.dumps(run_one(a)), flush=True)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    backends = [b for b in a.backends.split(",") if b]
+    plan = [(r, b, False) for r in range(a.rounds) for b in backends] + ([(a.rounds, b, True) for b in backends]
+                                                                         if a.profile else [])
+    for r, b, prof in [] if a.summary else plan:
+        tag = f"{a.model}_{a.workload}_{b}_{'profile' if prof else r}{'_' + a.kv_cache_dtype if a.kv_cache_dtype != 'auto' else ''}"
+        path = out / f"{tag}.json"
+        if path.exists():
+            continue
+        cmd = [sys.executable, "-m", "bench.serve", "--one", "--model", a.model, "--workload", a.workload, "--backend", b,
+               "--round", str(r), "--kv-cache-dtype", a.kv_cache_dtype, "--out", str(out), "--models-dir", a.models_dir,
+               *(["--profile"] if prof else [])]
+        t = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=dict(os.environ))
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not lines:
+            (out / f"{tag}.err").write_text(p.stdout[-5000:] + "\n" + p.stderr[-30000:])
+            print(f"{tag}: failed (rc={p.returncode}), log in {tag}.err", flush=True)
+            continue
+        res = json.loads(lines[-1][len("RESULT "):])
+        res["engine_s"] = time.monotonic() - t
+        path.write_text(json.dumps(res, indent=1))
+        print(f"{tag}: {res['output_tok_s']:.0f} output tok/s, engine {res['engine_s']:.0f} s", flush=True)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob(f"{a.model}_{a.workload}_*.json"))
+               if "profile" not in p.name]
+    print(summary(results))
+
+
+if __name__ == "__main__":
+    main()
