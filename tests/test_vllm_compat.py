@@ -95,7 +95,7 @@ def test_spec_decode_width_from_0_31_is_vllms():
 
 # -- the backend and the plugin on the installed vLLM ------------------------------------------
 
-def test_the_backend_states_the_kv_cache_through_one_api():
+def test_the_backend_states_the_kv_cache_through_one_api(monkeypatch):
     pytest.importorskip("vllm")
     from atom_backend.vllm.backend import AtomAttentionBackend as B
 
@@ -107,7 +107,12 @@ def test_the_backend_states_the_kv_cache_through_one_api():
     else:
         assert "get_kv_cache_shape" in own and "supported_kv_cache_layouts" not in own
         assert B.get_kv_cache_shape(10, 16, 2, 64) == (10, 2, 16, 128)
-        assert B.get_kv_cache_stride_order() in ((0, 2, 1, 3), (0, 1, 2, 3))
+        from vllm.v1.attention.backends import utils
+
+        for layout, order in (("NHD", (0, 2, 1, 3)), ("HND", (0, 1, 2, 3))):  # vLLM's global layout
+            monkeypatch.setattr(utils, "get_kv_cache_layout", lambda layout=layout: layout)
+            assert B.get_kv_cache_stride_order() == order
+            assert B.get_kv_cache_stride_order(include_num_layers_dimension=True)[0] == 0  # layer-compact
     # the builder plans from host query lengths: no batches whose device lengths differ
     assert B.supports_device_cpu_query_lens_mismatch() is False
 
