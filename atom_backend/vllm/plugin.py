@@ -2,9 +2,9 @@
 
 vLLM calls ``register()`` in every process it starts (API server, engine core, workers), before
 it picks attention backends. On a vLLM release outside the supported range (``compat``) it
-registers nothing and says so in one line. Otherwise it points vLLM's ``CUSTOM`` attention backend at ours; the user
-selects it with ``--attention-backend CUSTOM`` (``attention_config={"backend": "CUSTOM"}``).
-Nothing changes for a user who does not select it. On vLLM's CPU platform the selection needs
+registers nothing and says so in one line. Otherwise it points vLLM's ``CUSTOM`` attention
+backend at ours; the user selects it with ``--attention-backend CUSTOM``
+(``attention_config={"backend": "CUSTOM"}``). Nothing changes for a user who does not select it. On vLLM's CPU platform the selection needs
 the platform plugin of ``atom_backend.vllm.platform_cpu`` too (docs/vllm.md).
 
 In the front-end process of a server started with ``--attention-backend CUSTOM`` it also:
