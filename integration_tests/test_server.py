@@ -1,7 +1,8 @@
 """A user's first serve: vLLM's OpenAI server started exactly as docs/vllm.md says, with
 ``--attention-backend CUSTOM``, from the package as installed. The CPU platform must honour the
 selection (no fallback to vLLM's own attention), and /metrics must show the atom_* series the
-engine process records beside vLLM's own, with nothing set by the test."""
+engine process records beside vLLM's own, with nothing set by the test. Under every vLLM
+interpreter (``conftest.vllm_pythons``)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ def _sum(series: dict[str, float], name: str, **labels) -> float:
     return sum(v for k, v in series.items() if k.split("{")[0] == name and all(w in k for w in want))
 
 
-def test_documented_serve_command_uses_the_backend_and_exports_its_metrics(tiny_models, tmp_path):
+def test_documented_serve_command_uses_the_backend_and_exports_its_metrics(tiny_models, vllm_python, tmp_path):
     log = tmp_path / "server.log"
-    with serve(tiny_models["gptoss"], log) as base:
+    with serve(tiny_models["gptoss"], log, python=vllm_python) as base:
         prompt = " ".join(f"w{i}" for i in range(40))
         resp = post_json(base, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 6,
                                                    "temperature": 0})
@@ -36,13 +37,12 @@ def test_documented_serve_command_uses_the_backend_and_exports_its_metrics(tiny_
     assert _sum(series, "vllm:generation_tokens_total") == 6
 
 
-def test_a_bad_setting_stops_the_server_at_once_with_one_line(tiny_models, tmp_path):
+def test_a_bad_setting_stops_the_server_at_once_with_one_line(tiny_models, vllm_python, tmp_path):
     import subprocess
-    import sys
 
     from conftest import CPU_SERVE_ARGS, engine_env
 
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_models["llama"]),
+    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_models["llama"]),
            "--attention-backend", "CUSTOM", *CPU_SERVE_ARGS]
     p = subprocess.run(cmd, env=engine_env(ATOM_FORCE_PATH="bogus"), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0

@@ -1,4 +1,4 @@
-"""vLLM v1 attention backend declaration (vLLM >= 0.32: ``vllm.v1.attention.backend``).
+"""vLLM v1 attention backend declaration (``vllm.v1.attention.backend``, vLLM 0.26 to 0.33).
 
 Only declarations live here (as in vLLM's own backends): what the backend supports, stated so that vLLM's
 selector can reject a configuration with every reason at once. The metadata builder
@@ -9,9 +9,10 @@ Support, per execution route (``docs/vllm.md`` has the table):
   routes on the CPU (the compiled HIP kernels are 16-bit only; the planner routes around them).
 - head sizes: multiples of 8 up to 256 (the unified Triton path pads to a power of two; the
   varlen / split-KV kernels take 64, 128, 256 and the planner sends the rest to unified).
-- KV cache: vLLM 0.32's logical ``[num_blocks, kv_heads, block_size, 2 * head_size]`` per layer,
+- KV cache: the logical ``[num_blocks, kv_heads, block_size, 2 * head_size]`` per layer (vLLM's
+  own from 0.29, stated by ``get_kv_cache_shape`` before: ``compat.KV_CACHE_LAYOUT_API``),
   K in the first half of the last axis and V in the second; every kernel takes strides, so the
-  two layer-compact layouts (token-major LBNHC, head-major LBHNC) both work.
+  two layer-compact layouts (token-major LBNHC / NHD, head-major LBHNC / HND) both work.
 - kv_cache_dtype: auto / float16 / bfloat16, and fp8 (= fp8_e4m3) with vLLM's per-tensor
   ``layer._k_scale`` / ``_v_scale``. fp8_e5m2 is not supported (no kernel reads e5m2).
 - sinks (gpt-oss), per-layer sliding window, logits soft-cap: yes. ALiBi, MLA, sparse,
@@ -25,7 +26,8 @@ from typing import ClassVar
 
 import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
-from vllm.v1.kv_cache_layout import KVCacheLayout
+
+from atom_backend.vllm import compat
 
 MAX_HEAD_SIZE = 256
 MAX_BLOCK_SIZE = 1024  # the planner's page-size bound (64-bit offsets, any page up to 1024)
@@ -80,11 +82,32 @@ class AtomAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    if compat.KV_CACHE_LAYOUT_API:  # vLLM 0.29+: vLLM owns the logical shape, we name layouts
+        @classmethod
+        def supported_kv_cache_layouts(cls):
+            from vllm.v1.kv_cache_layout import KVCacheLayout
+
+            # Layer-compact layouts keep K and V of one (block, token, head) adjacent in the last
+            # axis, which is what the per-layer (block, token, head, dim) views below assume.
+            return (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
+    else:  # vLLM 0.26 - 0.28: the backend states the logical shape and its physical order
+        @staticmethod
+        def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                               cache_dtype_str: str = "auto") -> tuple[int, ...]:
+            return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+
+        @staticmethod
+        def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+            from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+            return compat.kv_cache_stride_order(get_kv_cache_layout(), include_num_layers_dimension)
+
     @classmethod
-    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
-        # Layer-compact layouts keep K and V of one (block, token, head) adjacent in the last
-        # axis, which is what the per-layer (block, token, head, dim) views below assume.
-        return (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # vLLM 0.28+ (adaptive verification): the builder plans from the host query lengths,
+        # so a batch whose device lengths differ must not reach it (vLLM then refuses the
+        # selection with its reason). Older vLLM has no such batches.
+        return False
 
     @classmethod
     def validate_configuration(cls, **config) -> list[str]:

@@ -1,6 +1,6 @@
 """The vLLM AttentionImpl: write new K/V into the cache, then execute the batch's plan.
 
-vLLM (>= 0.32, ``forward_includes_kv_cache_update = False``) calls ``do_kv_cache_update``
+vLLM (0.26 to 0.33, ``forward_includes_kv_cache_update = False``) calls ``do_kv_cache_update``
 before ``forward`` for every layer that owns its cache, so by the time forward runs the pages
 hold cached + new keys and every route reads one consistent cache. ``forward`` only launches:
 the plan and all index tensors were made by the metadata builder once per batch.

@@ -45,6 +45,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 
 from atom_backend import planning as _planner
 from atom_backend.execution import health
+from atom_backend.vllm import compat
 from atom_backend.vllm.recording import REGISTRY, layer_kind, layer_rank, records_here
 from atom_backend.planning import ModelFacts, Path, Plan, PlannerConfig, Reason, plan
 
@@ -153,11 +154,7 @@ layer_windows = _planner.reduce_layer_windows
 
 def _spec_decode_len(vllm_config) -> int:
     """vLLM's widest verification request of speculative decoding (1 without)."""
-    try:
-        from vllm.v1.attention.backend import max_decode_query_len
-    except ImportError:  # a vLLM without it: no spec-as-decode either
-        return 1
-    return max_decode_query_len(vllm_config)
+    return compat.max_decode_query_len(vllm_config)
 
 
 def planner_config(vllm_config, env=None) -> PlannerConfig:

@@ -1,10 +1,11 @@
 """vLLM platform plugin for the CPU build (group ``vllm.platform_plugins``).
 
-vLLM 0.32's ``CpuPlatform.get_attn_backend_cls`` returns its own ``CPU_ATTN`` whatever the user
-selected. ``cpu_platform()`` activates only where vLLM would pick its CPU platform anyway and
-returns a subclass that differs in one thing: when the user selected ``CUSTOM`` (and CUSTOM is
-registered, by our general plugin), that backend is validated the way vLLM's CUDA platform
-validates a selection and then used. Every other selection, or none, goes to vLLM's code
+vLLM's ``CpuPlatform.get_attn_backend_cls`` (0.26 to 0.33 alike) returns its own ``CPU_ATTN``
+whatever the user selected. ``cpu_platform()`` activates only where vLLM would pick its CPU
+platform anyway (and only on a supported vLLM release, ``compat``) and returns a subclass that
+differs in one thing: when the user selected ``CUSTOM`` (and CUSTOM is registered, by our
+general plugin), that backend is validated the way vLLM's CUDA platform validates a selection
+and then used. Every other selection, or none, goes to vLLM's code
 unchanged, so installing atom-backend does not change CPU serving for anyone who does not ask
 for it.
 
@@ -23,11 +24,17 @@ QUALNAME = "atom_backend.vllm.platform_cpu.AtomCpuPlatform"
 
 
 def cpu_platform() -> str | None:
+    from atom_backend.vllm import compat
+
     try:
         from vllm.platforms import cpu_platform_plugin
+
+        supported = compat.is_supported(compat.parse_version(compat.installed_version()))
     except ImportError:
         return None
-    return QUALNAME if cpu_platform_plugin() is not None else None
+    # Outside the supported range the general plugin registers nothing (and says why): vLLM's
+    # own CPU platform then serves, as without atom-backend.
+    return QUALNAME if supported and cpu_platform_plugin() is not None else None
 
 
 def _make_class():

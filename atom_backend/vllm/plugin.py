@@ -1,9 +1,10 @@
 """vLLM general-plugin entry point (group ``vllm.general_plugins``, see pyproject.toml).
 
 vLLM calls ``register()`` in every process it starts (API server, engine core, workers), before
-it picks attention backends. It points vLLM's ``CUSTOM`` attention backend at ours; the user
-selects it with ``--attention-backend CUSTOM`` (``attention_config={"backend": "CUSTOM"}``).
-Nothing changes for a user who does not select it. On vLLM's CPU platform the selection needs
+it picks attention backends. On a vLLM release outside the supported range (``compat``) it
+registers nothing and says so in one line. Otherwise it points vLLM's ``CUSTOM`` attention
+backend at ours; the user selects it with ``--attention-backend CUSTOM``
+(``attention_config={"backend": "CUSTOM"}``). Nothing changes for a user who does not select it. On vLLM's CPU platform the selection needs
 the platform plugin of ``atom_backend.vllm.platform_cpu`` too (docs/vllm.md).
 
 In the front-end process of a server started with ``--attention-backend CUSTOM`` it also:
@@ -29,15 +30,32 @@ BACKEND_PATH = "atom_backend.vllm.backend.AtomAttentionBackend"
 
 
 def register() -> None:
-    try:
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-    except ImportError as e:  # vLLM < 0.32 kept the registry elsewhere; we only support >= 0.32
-        logger.warning("atom-backend: this vLLM has no v1 attention registry (%s); backend not registered", e)
+    if not version_supported():
         return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
     logger.debug("atom-backend registered as attention backend CUSTOM -> %s", BACKEND_PATH)
     if custom_selected(sys.argv) and not _is_child_process():
         prepare_front_end(os.environ)
+
+
+def version_supported() -> bool:
+    """Whether the installed vLLM is in the supported range (``compat.SUPPORTED_TEXT``). Outside
+    it, the front end says so in one line (and a server started with CUSTOM stops with that
+    line); vLLM's other processes say it at debug level, and nothing is registered."""
+    from atom_backend.vllm import compat
+
+    why = compat.unsupported_reason(compat.installed_version())
+    if why is None:
+        return True
+    if _is_child_process():
+        logger.debug(why)
+    elif custom_selected(sys.argv):
+        raise SystemExit(why)
+    else:
+        logger.warning(why)
+    return False
 
 
 def custom_selected(argv: Sequence[str]) -> bool:
