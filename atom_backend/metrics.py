@@ -23,7 +23,7 @@ Environment (read on the first call, not at import):
   Without CUDA/ROCm torch the block is timed with ``time.perf_counter``.
 - ``PROMETHEUS_MULTIPROC_DIR``: prometheus-client's multiprocess mode. vLLM runs the API server,
   the engine core and the workers in separate processes, and only the API server answers
-  /metrics. vLLM 0.32 (``vllm.v1.metrics.prometheus.get_prometheus_registry``) serves a
+  /metrics. vLLM (``vllm.v1.metrics.prometheus.get_prometheus_registry``, 0.26 to 0.33) serves a
   ``MultiProcessCollector`` registry whenever this variable is set, so with it set in the
   environment *before* vLLM starts (deploy/ does this) the workers' atom_* series appear on the
   API server's /metrics. Without it the values stay in the process that recorded them.
