@@ -463,3 +463,26 @@ def test_build_in_threads_compiles_what_the_model_needs(tmp_path, monkeypatch):
     assert [r.error for r in results] == ["", "", ""] and not any(r.cache_hit for r in results), results
     again = build.run([job], workers=2, progress=False, threads=True)
     assert all(r.cache_hit for r in again), again
+
+
+def test_the_cost_key_is_the_same_on_every_python(monkeypatch):
+    """Python 3.12 tokenizes f-strings into parts (FSTRING_START ... FSTRING_END), 3.11 as one
+    STRING: the key joins them back into their source text, so a deployment on any Python reads
+    the table measured under another (the H200 machine runs 3.12, CI 3.11). Here the 3.12 stream
+    of `x = f"a{b}c"` is given as 3.12 makes it, whatever this Python is."""
+    import tokenize
+
+    text = 'x = f"a{b}c"\n'
+    tok = tokenize.TokenInfo
+    start, middle, end = getattr(tokenize, "FSTRING_START", 1001), getattr(tokenize, "FSTRING_MIDDLE", 1002), \
+        getattr(tokenize, "FSTRING_END", 1003)
+    monkeypatch.setattr(tokenize, "FSTRING_START", start, raising=False)
+    monkeypatch.setattr(tokenize, "FSTRING_END", end, raising=False)
+    stream = [tok(tokenize.NAME, "x", (1, 0), (1, 1), text), tok(tokenize.OP, "=", (1, 2), (1, 3), text),
+              tok(start, 'f"', (1, 4), (1, 6), text), tok(middle, "a", (1, 6), (1, 7), text),
+              tok(tokenize.OP, "{", (1, 7), (1, 8), text), tok(tokenize.NAME, "b", (1, 8), (1, 9), text),
+              tok(tokenize.OP, "}", (1, 9), (1, 10), text), tok(middle, "c", (1, 10), (1, 11), text),
+              tok(end, '"', (1, 11), (1, 12), text), tok(tokenize.NEWLINE, "\n", (1, 12), (1, 13), text)]
+    joined = [(t.type, t.string) for t in tables._whole_fstrings(stream, text)]
+    assert joined == [(tokenize.NAME, "x"), (tokenize.OP, "="), (tokenize.STRING, 'f"a{b}c"'), (tokenize.NEWLINE, "\n")]
+    assert tables._python_code(text).split() == ['x', '=', 'f"a{b}c"', 'NEWLINE']  # this Python's tokenizer agrees

@@ -64,9 +64,39 @@ def _c_code(text: str) -> str:
     return " ".join(t for t in _C_TOKENS.findall(text) if not t.startswith(("//", "/*")))
 
 
+def _whole_fstrings(tokens, text: str):
+    """Python 3.12+ tokenizes an f-string as FSTRING_START, its parts and FSTRING_END; earlier
+    releases as one STRING. The same source must give the same code on every Python a deployment
+    runs, so each outermost f-string becomes one STRING of its source text here too."""
+    start_type, end_type = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
+    if start_type is None:
+        yield from tokens
+        return
+    lines = text.splitlines(keepends=True)
+
+    def source(a, b):
+        (r0, c0), (r1, c1) = a, b
+        if r0 == r1:
+            return lines[r0 - 1][c0:c1]
+        return lines[r0 - 1][c0:] + "".join(lines[r0:r1 - 1]) + lines[r1 - 1][:c1]
+
+    depth, begin = 0, None
+    for t in tokens:
+        if t.type == start_type:
+            depth += 1
+            begin = t.start if depth == 1 else begin
+        elif depth:
+            if t.type == end_type:
+                depth -= 1
+                if depth == 0:
+                    yield tokenize.TokenInfo(tokenize.STRING, source(begin, t.end), begin, t.end, t.line)
+        else:
+            yield t
+
+
 def _python_code(text: str) -> str:
     """The token stream less comments, blank lines and statement-strings (docstrings)."""
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+    toks = [t for t in _whole_fstrings(tokenize.generate_tokens(io.StringIO(text).readline), text)
             if t.type not in (tokenize.COMMENT, tokenize.NL)]
     keep = []
     starts = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
