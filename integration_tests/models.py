@@ -35,7 +35,7 @@ def build_llama(d: Path, heads: tuple[int, int] = (4, 2), head_dim: int = 32, ma
 
 
 def build_gptoss(d: Path, heads: tuple[int, int] = (8, 2), head_dim: int = 32, window: int = 32,
-                 max_len: int = 512) -> Path:
+                 max_len: int = 512, top_k: int = 2) -> Path:
     """gpt-oss-like: sinks, sliding window on alternate layers (window 32 < the prompts), GQA 4,
     4 experts (top 2), head_dim 32."""
     import torch
@@ -45,7 +45,7 @@ def build_gptoss(d: Path, heads: tuple[int, int] = (8, 2), head_dim: int = 32, w
     _tokenizer(d)
     cfg = GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=heads[0], num_key_value_heads=heads[1], head_dim=head_dim,
-                       num_local_experts=4, num_experts_per_tok=2, sliding_window=window,
+                       num_local_experts=4, num_experts_per_tok=top_k, sliding_window=window,
                        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=max_len, bos_token_id=257, eos_token_id=258, pad_token_id=258,
                        rope_scaling=None, initializer_range=0.2, torch_dtype="float32")
     torch.manual_seed(0)
@@ -83,6 +83,9 @@ def build_gemma2(d: Path, heads: tuple[int, int] = (4, 2), head_dim: int = 256, 
 GPU_MAX_LEN = 40960
 GPU_BUILDERS = {
     "llama": lambda d: build_llama(d, heads=(8, 2), head_dim=128, max_len=GPU_MAX_LEN),
-    "gptoss": lambda d: build_gptoss(d, heads=(16, 2), head_dim=64, window=128, max_len=GPU_MAX_LEN),
+    # every expert routed (top 4 of 4): a backend's last-bit differences move the routing weights a
+    # little instead of flipping a top-2 choice, which changes a random-weight model's output
+    # wholesale (vLLM's own two backends differed by 0.49 in logprob with top 2)
+    "gptoss": lambda d: build_gptoss(d, heads=(16, 2), head_dim=64, window=128, max_len=GPU_MAX_LEN, top_k=4),
     "gemma2": lambda d: build_gemma2(d, heads=(4, 2), head_dim=256, window=512, max_len=GPU_MAX_LEN),
 }
