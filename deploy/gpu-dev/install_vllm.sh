@@ -19,7 +19,7 @@ SITE=${VLLM_SITE:-/tmp/vllm-site}
 PY=${PYTHON:-python3}
 MANIFEST=$STAGE/MANIFEST
 
-die() { echo "install_vllm: $*" >&2; exit "${2:-1}"; }
+die() { echo "install_vllm: $1" >&2; exit "${2:-1}"; }
 
 [ -f "$MANIFEST" ] || die "no $MANIFEST: copy the chunks first (cp .stage/cK/* $STAGE/, one device call per chunk)" 2
 read -r _ PAYLOAD PAYLOAD_SIZE PAYLOAD_SHA < <(awk '$1 == "payload"' "$MANIFEST")

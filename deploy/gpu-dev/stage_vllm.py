@@ -324,7 +324,7 @@ def build(args: argparse.Namespace) -> None:
     download(dl, [VLLM] + [(n, v) for n, v, _ in DEPS])
 
     sources = [find_wheel(dl, *VLLM)] + [find_wheel(dl, n, v) for n, v, _ in DEPS]
-    key_src = [f"layout={LAYOUT}", f"chunk={args.chunk_mib}", f"all_archs={args.all_archs}"]
+    key_src = [f"layout={LAYOUT}", f"all_archs={args.all_archs}"]
     key_src += [f"drop={d}" for d, _ in DROP]
     key_src += [f"drop:{n}={d}" for n, ds in sorted(DEP_DROP.items()) for d, _ in ds]
     print(f"hashing {len(sources)} wheels ...")
