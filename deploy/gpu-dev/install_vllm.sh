@@ -73,7 +73,8 @@ EOF
   echo "install_vllm: installed $(ls "$SITE" | grep -c '\.dist-info$') wheels into $SITE"
 fi
 
-echo "export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH} PATH=$SITE/bin:\$PATH"
+# FlashInfer is not carried: vLLM 0.26's sampler imports it unless told not to.
+echo "export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH} PATH=$SITE/bin:\$PATH VLLM_USE_FLASHINFER_SAMPLER=0"
 
 [ "${ATOM_SKIP_SMOKE:-0}" = 1 ] && exit 0
 
