@@ -179,7 +179,15 @@ def _tile_range(b0, b1, f_lo, f_hi, BLOCK_N: tl.constexpr):
     return n, t1, t2
 
 
-@triton.jit
+# Arguments that change from batch to batch. Triton would otherwise compile a kernel per value
+# class (equal to 1, a multiple of 16, other) of each: up to 3^9 forms, each a compile or a disk
+# load inside a serving step. Unspecialized, one form serves every batch (and the ahead-of-time
+# build compiles it, unified.aot).
+PER_BATCH_ARGS = ("num_seqs", "total_q", "stride_bt", "min_split_keys", "fill_splits", "long_split_keys",
+                  "split_ctas", "split_slots", "wave_fill")
+
+
+@triton.jit(do_not_specialize=PER_BATCH_ARGS)
 def unified_attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     cu_q_ptr, seq_lens_ptr, bt_ptr,
@@ -322,7 +330,7 @@ def unified_attn_kernel(
             tl.store(lse_ptr + tok64 * num_q_heads + head, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("total_q",))
 def combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, sinks_ptr,
     total_q, num_q_heads, stride_ot, stride_oh,

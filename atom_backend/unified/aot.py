@@ -22,8 +22,8 @@ TARGETS = {"sm_90a": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950"
 # on a device, so the build checks it here (H100/H200: 227 KiB; CDNA3: 64 KiB; CDNA4: 160 KiB).
 SHARED_LIMIT = {"sm_90a": 232448, "gfx942": 65536, "gfx950": 163840}
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32", "fp8_e4m3": "*fp8e4nv", "fp8_e4m3fnuz": "*fp8e4b8"}
-# Lengths of the model-independent scalars (num_seqs, total_q, the block table's row stride, the
-# split rule): values neither 1 nor a multiple of 16, the JIT's generic specialisation.
+# A value for the per-batch scalars (num_seqs, total_q, the block table's row stride, the split
+# rule: _kernels.PER_BATCH_ARGS), which the JIT never specializes.
 _GENERIC = 7
 
 
@@ -148,6 +148,8 @@ def _source(v: Variant):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # the caches' allocations are aligned
         elif isinstance(a, float):
             signature[name] = "fp32"
+        elif name in _kernels.PER_BATCH_ARGS:
+            signature[name] = "i32"  # never specialized: one form for every batch
         else:
             ty, div16 = _scalar(a)
             signature[name] = ty
