@@ -26,8 +26,10 @@ from atom_backend.catalog import platform_for
 from atom_backend.planning import ModelFacts, PlannerConfig, decode_splits
 from hip_kernels import decode
 
+# The whole model's heads (Llama-3-8B / -70B: 32 or 64 / 8); --heads gives a tensor-parallel
+# rank's share (8/1: Llama-3-70B or gpt-oss-120b at TP 8; 16/2 at TP 4).
 HQ, HK, D, BS = 32, 8, 128, 16
-SHAPES = ((64, 4096), (8, 32768), (1, 131072))
+SHAPES = ((64, 4096), (8, 32768), (1, 131072), (128, 2048), (16, 8192), (1, 32768))
 
 
 def bench_ms(fn, rep_ms: float = 200) -> float:
@@ -199,6 +201,14 @@ def triton_fn(c, splits):
         return None
 
 
+def set_heads(hq: int, hk: int, d: int) -> None:
+    """The bench's shape of one layer (the builders and peers read these module values)."""
+    global HQ, HK, D
+    if hq % hk:
+        raise SystemExit(f"--heads {hq}/{hk}: query heads must be a multiple of kv heads")
+    HQ, HK, D = hq, hk, d
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="also time a range of split counts")
@@ -208,12 +218,15 @@ def main(argv=None) -> None:
                     help="also time the other kernel (CUDA-core 'fma' vs tensor-core 'mma') at its own suggested splits")
     ap.add_argument("--mma-tune", action="store_true", help="time KTILES / STAGES alternatives of the mma kernel")
     ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096,1x131072")
+    ap.add_argument("--heads", default=f"{HQ}/{HK}", help="query / kv heads of one rank, e.g. 8/1")
+    ap.add_argument("--head-dim", type=int, default=D)
     args = ap.parse_args(argv)
+    set_heads(*(int(x) for x in args.heads.split("/")), args.head_dim)
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     bw = copy_bandwidth()
-    print(f"# device {props.name}, {sms} SMs; copy bandwidth (read + write) {bw / 1e9:.0f} GB/s")
+    print(f"# device {props.name}, {sms} SMs; copy bandwidth (read + write) {bw / 1e9:.0f} GB/s; heads {HQ}/{HK}, d {D}")
     platform = platform_here()
     cfg = PlannerConfig()
     rows = []
