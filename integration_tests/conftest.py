@@ -210,3 +210,24 @@ def scrape(base: str) -> dict[str, float]:
     """/metrics as {series with labels: value}, comments left out."""
     text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+
+
+def runner_requests(r: dict) -> list[dict]:
+    """runner.py's requests in order: the mixed batch, then the prefix pair."""
+    return r["batch"] + [r["first"], r["second"]]
+
+
+def assert_same_greedy(ours: dict, ref: dict, what: str) -> None:
+    """Two runner.py runs in fp32: greedy tokens equal, and the chosen tokens' logprobs within
+    docs/design.md's fp32 bound over the whole model."""
+    import torch
+
+    from atom_backend.tolerances import assert_close
+
+    got, want = [], []
+    for i, (a, b) in enumerate(zip(runner_requests(ours), runner_requests(ref), strict=True)):
+        assert a["tokens"] == b["tokens"], f"{what} request {i}: greedy tokens differ"
+        for step_a, step_b, tok in zip(a["logprobs"], b["logprobs"], a["tokens"]):
+            got.append(step_a[str(tok)])
+            want.append(step_b[str(tok)])
+    assert_close(torch.tensor(got), torch.tensor(want), torch.float32, what=f"{what} logprobs")

@@ -9,17 +9,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
 
-from atom_backend.tolerances import assert_close
+from conftest import assert_same_greedy
+
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODELS = ["llama", "gptoss"]
-
-
-def _requests(r: dict) -> list[dict]:
-    return r["batch"] + [r["first"], r["second"]]
 
 
 # vLLM's own CPU attention takes a fp32 model's sinks from 0.31 on (it casts them to fp32; 0.27's
@@ -46,14 +42,7 @@ def test_greedy_tokens_and_logprobs_match_vllm_cpu_backend(engine_run, vllm_pyth
     ours, ref = engine_run(model, "CUSTOM", vllm_python), _reference(engine_run, vllm_python, model)
     assert "atom" in ours and ours["atom"]["counters"]["batches"] > 0, "our backend did not run"
     assert "atom" not in ref or ref["atom"]["counters"]["batches"] == 0, "the reference run used our backend"
-    got, want = [], []
-    for i, (a, b) in enumerate(zip(_requests(ours), _requests(ref), strict=True)):
-        assert a["tokens"] == b["tokens"], f"request {i}: greedy tokens differ"
-        for step_a, step_b, tok in zip(a["logprobs"], b["logprobs"], a["tokens"]):
-            got.append(step_a[str(tok)])
-            want.append(step_b[str(tok)])
-    # fp32 end to end: the whole model's logprobs within the fp32 bound of docs/design.md.
-    assert_close(torch.tensor(got), torch.tensor(want), torch.float32, what=f"{model} logprobs")
+    assert_same_greedy(ours, ref, model)  # fp32 end to end
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -14,10 +14,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from atom_backend.tolerances import assert_close
-from conftest import HERE, RUN_TIMEOUT_S, engine_env
+from conftest import HERE, RUN_TIMEOUT_S, assert_same_greedy, engine_env, runner_requests
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,10 +52,6 @@ def tp_run(tp_models, work_dir):
     return run
 
 
-def _requests(r: dict) -> list[dict]:
-    return r["batch"] + [r["first"], r["second"]]
-
-
 def _sum(series: dict[str, float], name: str, **labels) -> float:
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(v for k, v in series.items() if k.split("{")[0] == name and all(w in k for w in want))
@@ -69,13 +63,7 @@ def test_tp2_greedy_tokens_and_logprobs_match_vllm_cpu_backend(tp_run, model):
     ours, ref = tp_run(model, "CUSTOM"), tp_run(model, "default")
     assert _sum(ours["metrics"], "atom_tokens_total") > 0, "our backend did not run on the ranks"
     assert _sum(ref["metrics"], "atom_tokens_total") == 0, "the reference run used our backend"
-    got, want = [], []
-    for i, (a, b) in enumerate(zip(_requests(ours), _requests(ref), strict=True)):
-        assert a["tokens"] == b["tokens"], f"request {i}: greedy tokens differ"
-        for step_a, step_b, tok in zip(a["logprobs"], b["logprobs"], a["tokens"]):
-            got.append(step_a[str(tok)])
-            want.append(step_b[str(tok)])
-    assert_close(torch.tensor(got), torch.tensor(want), torch.float32, what=f"{model} TP {TP} logprobs")
+    assert_same_greedy(ours, ref, f"{model} TP {TP}")
 
 
 @pytest.mark.parametrize("model", ["gqa", "replicated_kv"])
@@ -84,7 +72,7 @@ def test_tp2_ranks_count_each_step_once(tp_run, model):
     cached prompt tokens + generated tokens - requests (each request's first token comes from its
     prefill step). Both ranks recording would double it."""
     r = tp_run(model, "CUSTOM")
-    reqs = _requests(r)
+    reqs = runner_requests(r)
     prefill = sum(q["prompt_tokens"] - q["num_cached_tokens"] for q in reqs)
     decode = sum(len(q["tokens"]) - 1 for q in reqs)
     assert r["second"]["num_cached_tokens"] == 96, "the prefix hit this test counts on"
