@@ -13,11 +13,14 @@ weights, where the released model is MXFP4). Workloads:
 - prefix: 64 requests sharing an 8k prefix, 512 own tokens each, 256 out, prefix caching on (one
   request first to fill the cache, as a served system's earlier traffic would);
 - long: 8 requests of 32k tokens in, 512 out.
-Every (model, workload, backend, round) runs in an engine of its own (a subprocess) and writes its
-own result file under --out, so a run cut short resumes where it stopped; rounds interleave the
-backends (A B C, A B C, ...). The summary prints each backend's medians and its ratio to the
-others. --profile adds one profiled round per backend: the share of GPU time in attention kernels
-(torch profiler, kernels named by backend) beside the rest.
+Each backend runs in an engine of its own (a subprocess), with the KV cache that holds the whole
+workload at once, so every backend runs the same schedule. When the engines fit on the GPU
+together they start side by side and the rounds interleave the backends (A B C, A B C, ...);
+otherwise one engine at a time runs its rounds back to back. A prefix round starts from the
+shared prefix alone in the cache. Each (backend, round) writes its own result file under --out,
+so a run cut short resumes where it stopped. The summary prints each backend's medians and its
+ratio to the others. --profile adds one profiled round per backend: the share of GPU time in
+attention kernels (torch profiler, kernels named by backend) beside the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +41,7 @@ MODELS = {
                 "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
                 "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-                "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"},
+                "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16", "_weights_gib": 15.0},
     "gptoss20b": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
                   "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
                   "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
@@ -47,7 +51,7 @@ MODELS = {
                   "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                    "truncate": False, "original_max_position_embeddings": 4096},
                   "tie_word_embeddings": False, "bos_token_id": 199998, "eos_token_id": 200002,
-                  "pad_token_id": 199999, "torch_dtype": "bfloat16"},
+                  "pad_token_id": 199999, "torch_dtype": "bfloat16", "_weights_gib": 39.0},
 }
 
 WORKLOADS = {
@@ -61,7 +65,8 @@ WORKLOADS = {
 def model_dir(name: str, root: Path) -> Path:
     d = root / name
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(MODELS[name], indent=1))
+    cfg = {k: v for k, v in MODELS[name].items() if not k.startswith("_")}
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
     return d
 
 
@@ -72,24 +77,52 @@ def prompts(workload: str, vocab: int, seed: int = 0) -> list[list[int]]:
     return [prefix + [rng.randrange(1000, vocab - 1000) for _ in range(own)] for _ in range(n)]
 
 
-def run_one(a) -> dict:
-    """One engine, one workload: the child process's work."""
+def kv_cache_gib(model: str, workload: str, kv_cache_dtype: str) -> float:
+    """The KV cache that holds every request of the workload at once (all layers full length, with
+    an eighth to spare): each backend then runs the same schedule, whatever memory it is given."""
+    n, own, shared, out_len, _ = WORKLOADS[workload]
+    cfg = MODELS[model]
+    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"]
+    per_token *= 1 if kv_cache_dtype.startswith("fp8") else 2
+    return 1.125 * per_token * (shared + n * (own + out_len)) / 2**30
+
+
+def engine(a) -> None:
+    """The child: one engine, warmed, then one timed round per "run ROUND [profile]" line on stdin;
+    a RESULT line each."""
     from vllm import LLM, SamplingParams
 
     n, own, shared, out_len, caching = WORKLOADS[a.workload]
     cfg = MODELS[a.model]
+    t0 = time.perf_counter()
     llm = LLM(model=str(model_dir(a.model, Path(a.models_dir))), load_format="dummy", skip_tokenizer_init=True,
               dtype="bfloat16", max_model_len=own + shared + out_len + 16, enable_prefix_caching=caching,
-              gpu_memory_utilization=0.85, attention_config={"backend": a.backend}, disable_log_stats=False,
-              seed=0, **({"kv_cache_dtype": a.kv_cache_dtype} if a.kv_cache_dtype != "auto" else {}))
+              max_num_seqs=max(n, 256), kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30),
+              gpu_memory_utilization=0.02,  # with a fixed KV cache vLLM only checks this much is free at start
+              attention_config={"backend": a.backend}, disable_log_stats=False, seed=0,
+              **({"kv_cache_dtype": a.kv_cache_dtype} if a.kv_cache_dtype != "auto" else {}))
     sp = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, detokenize=False)
     ps = [{"prompt_token_ids": p} for p in prompts(a.workload, cfg["vocab_size"])]
-    if shared:  # the prefix is in the cache before the timed requests, as earlier traffic leaves it
-        llm.generate([{"prompt_token_ids": ps[0]["prompt_token_ids"][:shared] + [1001]}],
-                     SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
-    llm.generate(ps[:2], SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)  # first launches
+    llm.generate([{"prompt_token_ids": p["prompt_token_ids"][-64:]} for p in ps[:2]],
+                 SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)  # first launches
+    print(f"READY {time.perf_counter() - t0:.1f}", flush=True)
+    for line in sys.stdin:
+        cmd, rnd, *flags = line.split()
+        if cmd != "run":
+            break
+        if caching:  # each round starts from the shared prefix alone in the cache, as earlier traffic leaves it
+            llm.reset_prefix_cache()
+            llm.generate([{"prompt_token_ids": ps[0]["prompt_token_ids"][:shared] + [1001]}],
+                         SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+        res = {"model": a.model, "workload": a.workload, "backend": a.backend, "round": rnd,
+               "kv_cache_gib": a.kv_cache_gib, "kv_cache_dtype": a.kv_cache_dtype}
+        res.update(timed_round(llm, ps, sp, profile="profile" in flags))
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+def timed_round(llm, ps: list, sp, profile: bool) -> dict:
     prof = None
-    if a.profile:
+    if profile:
         import torch
 
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -97,9 +130,9 @@ def run_one(a) -> dict:
     t0 = time.perf_counter()
     outs = llm.generate(ps, sp, use_tqdm=False)
     wall = time.perf_counter() - t0
-    res = {"model": a.model, "workload": a.workload, "backend": a.backend, "round": a.round, "wall_s": wall,
-           "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    res = {"wall_s": wall, "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
     res["output_tok_s"] = res["output_tokens"] / wall
+    # offline: every request arrives at t0, so TTFT includes its wait for a place in the batch
     ttft = [o.metrics.first_token_latency for o in outs if o.metrics is not None]
     tpot = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / (len(o.outputs[0].token_ids) - 1)
             for o in outs if o.metrics is not None and len(o.outputs[0].token_ids) > 1]
@@ -149,6 +182,92 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class Engine:
+    """A child engine (``--engine``) driven line by line; its output goes to a log file."""
+
+    def __init__(self, a, backend: str, kv_gib: float, log: Path):
+        cmd = [sys.executable, "-m", "bench.serve", "--engine", "--model", a.model, "--workload", a.workload,
+               "--backend", backend, "--kv-cache-dtype", a.kv_cache_dtype, "--kv-cache-gib", f"{kv_gib:.3f}",
+               "--models-dir", a.models_dir]
+        self.backend, self.log = backend, log.open("a")
+        # its own compile cache: engines starting side by side do not write one directory at once
+        env = dict(os.environ, VLLM_CACHE_ROOT=os.path.join(tempfile.gettempdir(), "atom-bench-vllm-cache", backend))
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env)
+        self.t0 = time.monotonic()
+
+    def expect(self, tag: str) -> str:
+        """The rest of the child's next line that starts with tag (other lines go to the log)."""
+        for line in self.proc.stdout:
+            if line.startswith(tag + " "):
+                return line[len(tag) + 1:]
+            self.log.write(line)
+        raise RuntimeError(f"{self.backend}: engine exited (rc={self.proc.wait()}), log {self.log.name}")
+
+    def run(self, rnd: str, profile: bool) -> dict:
+        self.proc.stdin.write(f"run {rnd}{' profile' if profile else ''}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.expect("RESULT"))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def fits_together(a, backends: list[str], kv_gib: float) -> bool:
+    """Whether one engine per backend fits on the GPU at once (weights, KV cache, and a reserve for
+    activations, CUDA graphs and the CUDA context)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    need = len(backends) * (MODELS[a.model]["_weights_gib"] + kv_gib + ENGINE_RESERVE_GIB) * 2**30
+    return need <= 0.9 * free
+
+
+ENGINE_RESERVE_GIB = 8.0
+
+
+def run_plan(a, out: Path) -> None:
+    """Runs every (backend, round) without a result file under out: engines side by side when they
+    fit, rounds interleaved A B C, A B C; otherwise one engine at a time, its rounds back to back."""
+    backends = [b for b in a.backends.split(",") if b]
+    rounds = [str(r) for r in range(a.rounds)] + (["profile"] if a.profile else [])
+    suffix = "" if a.kv_cache_dtype == "auto" else "_" + a.kv_cache_dtype
+
+    def path(b: str, r: str) -> Path:
+        return out / f"{a.model}_{a.workload}_{b}_{r}{suffix}.json"
+
+    todo = {b: [r for r in rounds if not path(b, r).exists()] for b in backends}
+    todo = {b: rs for b, rs in todo.items() if rs}
+    if not todo:
+        return
+    kv_gib = kv_cache_gib(a.model, a.workload, a.kv_cache_dtype)
+    together = fits_together(a, list(todo), kv_gib)
+    print(f"{a.model}/{a.workload}: KV cache {kv_gib:.1f} GiB per engine, engines "
+          f"{'side by side, rounds interleaved' if together else 'one at a time'}", flush=True)
+    groups = [list(todo)] if together else [[b] for b in todo]
+    for group in groups:
+        engines = {b: Engine(a, b, kv_gib, out / f"{a.model}_{a.workload}_{b}{suffix}.log") for b in group}
+        try:
+            for b, e in engines.items():
+                print(f"{b}: engine ready in {float(e.expect('READY')):.0f} s", flush=True)
+            for r in rounds:
+                for b, e in engines.items():
+                    if r not in todo[b]:
+                        continue
+                    res = e.run(r, profile=r == "profile")
+                    path(b, r).write_text(json.dumps(res, indent=1))
+                    print(f"{b} round {r}: {res['output_tok_s']:.0f} output tok/s ({res['wall_s']:.1f} s)", flush=True)
+        finally:
+            for e in engines.values():
+                e.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
@@ -159,44 +278,26 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="one more round per backend under the torch profiler")
     ap.add_argument("--out", default="bench-serve")
     ap.add_argument("--models-dir", default=None, help="where model configs are written (default: OUT/models)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per engine")
     ap.add_argument("--summary", action="store_true", help="only print the summary of the results in --out")
     # the child's arguments
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
-    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--kv-cache-gib", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args()
     out = Path(a.out)
     a.models_dir = a.models_dir or str(out / "models")
-    if a.one:
-        print("RESULT " + json.dumps(run_one(a)), flush=True)
+    if a.engine:
+        engine(a)
         return
     out.mkdir(parents=True, exist_ok=True)
-    backends = [b for b in a.backends.split(",") if b]
-    plan = [(r, b, False) for r in range(a.rounds) for b in backends] + ([(a.rounds, b, True) for b in backends]
-                                                                         if a.profile else [])
-    for r, b, prof in [] if a.summary else plan:
-        tag = f"{a.model}_{a.workload}_{b}_{'profile' if prof else r}{'_' + a.kv_cache_dtype if a.kv_cache_dtype != 'auto' else ''}"
-        path = out / f"{tag}.json"
-        if path.exists():
-            continue
-        cmd = [sys.executable, "-m", "bench.serve", "--one", "--model", a.model, "--workload", a.workload, "--backend", b,
-               "--round", str(r), "--kv-cache-dtype", a.kv_cache_dtype, "--out", str(out), "--models-dir", a.models_dir,
-               *(["--profile"] if prof else [])]
-        t = time.monotonic()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=dict(os.environ))
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode or not lines:
-            (out / f"{tag}.err").write_text(p.stdout[-5000:] + "\n" + p.stderr[-30000:])
-            print(f"{tag}: failed (rc={p.returncode}), log in {tag}.err", flush=True)
-            continue
-        res = json.loads(lines[-1][len("RESULT "):])
-        res["engine_s"] = time.monotonic() - t
-        path.write_text(json.dumps(res, indent=1))
-        print(f"{tag}: {res['output_tok_s']:.0f} output tok/s, engine {res['engine_s']:.0f} s", flush=True)
+    if not a.summary:
+        run_plan(a, out)
     results = [json.loads(p.read_text()) for p in sorted(out.glob(f"{a.model}_{a.workload}_*.json"))
                if "profile" not in p.name]
     print(summary(results))
+    for p in sorted(out.glob(f"{a.model}_{a.workload}_*_profile*.json")):
+        k = json.loads(p.read_text())["kernels"]
+        print(f"{p.stem}: attention {k['attention_share']:.1%} of {k['total_us'] / 1e3:.0f} ms GPU time")
 
 
 if __name__ == "__main__":

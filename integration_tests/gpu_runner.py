@@ -2,7 +2,7 @@
 CUDA graphs FULL_AND_PIECEWISE); prints one RESULT JSON line (run as a subprocess).
 
     python integration_tests/gpu_runner.py MODEL_DIR --backend CUSTOM|TRITON_ATTN|FLASH_ATTN
-        [--kv-cache-dtype fp8] [--ngram 3]
+        [--kv-cache-dtype fp8] [--ngram 3] [--kv-cache-gib 2]
 
 Phases, in order, all greedy with logprobs, prompts as token ids:
 - warmup: a few prompts (compiles, captures, first launches);
@@ -81,14 +81,22 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=0, help="speculative tokens of an ngram proposer (0: none)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--skip", default="", help="comma-separated phases to leave out")
+    ap.add_argument("--cprofile", default="", help="comma-separated phases to run under cProfile (the host's "
+                    "share of a step: the 30 costliest functions by cumulative time go to stderr)")
+    ap.add_argument("--kv-cache-gib", type=float, default=0.0,
+                    help="a fixed KV cache instead of vLLM's memory profiling, which assumes no other process "
+                         "changes its GPU memory meanwhile (0: profile, gpu_memory_utilization 0.35)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
 
     kw = dict(model=a.model, dtype="bfloat16", max_model_len=LONG + 1024, enable_prefix_caching=True,
               enable_chunked_prefill=True, max_num_batched_tokens=BUDGET, max_num_seqs=256, seed=0,
-              gpu_memory_utilization=0.35, kv_cache_dtype=a.kv_cache_dtype, attention_config={"backend": a.backend},
-              disable_log_stats=False)
+              kv_cache_dtype=a.kv_cache_dtype, attention_config={"backend": a.backend}, disable_log_stats=False)
+    if a.kv_cache_gib:  # engines side by side: vLLM then only checks that this much is free at start
+        kw.update(kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30), gpu_memory_utilization=0.02)
+    else:
+        kw.update(gpu_memory_utilization=0.35)
     if a.ngram:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": a.ngram, "prompt_lookup_max": 4,
                                     "prompt_lookup_min": 2}
@@ -108,11 +116,21 @@ def main() -> None:
         return res, time.monotonic() - t
 
     out["phases"], out["seconds"], out["atom"] = {}, {}, {}
+    profiled = set(filter(None, a.cprofile.split(",")))
     for name, prompts in phases().items():
         if name in skip:
             continue
         _clear_prefill_log()
-        out["phases"][name], out["seconds"][name] = run(prompts)
+        if name in profiled:
+            import cProfile
+            import pstats
+
+            with cProfile.Profile() as prof:
+                out["phases"][name], out["seconds"][name] = run(prompts)
+            print(f"--- cProfile: phase {name}, {out['seconds'][name]:.3f} s", file=sys.stderr)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+        else:
+            out["phases"][name], out["seconds"][name] = run(prompts)
         out["atom"][name] = _atom_state()  # counters so far; prefills of this phase
     if a.ngram:
         from vllm.v1.metrics.reader import Counter

@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,9 @@ PEERS = ("TRITON_ATTN", "FLASH_ATTN")
 MODELS = ("llama", "gptoss", "gemma2")
 RUN_TIMEOUT_S = 900
 FLOOR = 2.0 ** -6
+ENGINES = int(os.environ.get("ATOM_GPU_ENGINES", "4"))  # engines side by side (tiny models: the GPU has room)
+KV_CACHE_GIB = 2.0  # per engine: the burst's 256 requests and the 33k-token request fit many times over
+EACH = pytest.mark.engines(*[(None, b) for b in ("CUSTOM", *PEERS)])  # the test's model under all three
 
 
 @pytest.fixture(scope="session")
@@ -50,29 +54,59 @@ def gpu_models(tmp_path_factory):
     return {name: build(root / name) for name, build in models.GPU_BUILDERS.items()}
 
 
+def _engine_keys(item) -> list[tuple]:
+    """The (model, backend, runner args) engines a collected test asks for (its ``engines`` marker;
+    model None: the test's ``model`` parameter)."""
+    m = item.get_closest_marker("engines")
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    return [(model or params["model"], backend, tuple(args)) for model, backend, *args in (m.args if m else ())]
+
+
+def _run_engine(models: dict, logs: Path, caches: Path, key: tuple) -> dict | str:
+    """One gpu_runner.py engine: its RESULT JSON, or the reason it failed."""
+    model, backend, args = key
+    name = "_".join([model, backend, *[a.strip("-") for a in args]])
+    env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: our counters come back
+    env["VLLM_CACHE_ROOT"] = str(caches / name)  # engines side by side do not share compile caches
+    kv = ("--kv-cache-gib", str(KV_CACHE_GIB)) if ENGINES > 1 else ()
+    cmd = [sys.executable, str(HERE / "gpu_runner.py"), str(models[model]), "--backend", backend, *args, *kv]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    (logs / f"{name}.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr[-200000:])
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1][len("RESULT "):])
+    return f"{name} failed (rc={p.returncode}):\n{p.stderr[-6000:]}"
+
+
 @pytest.fixture(scope="session")
-def gpu_run(gpu_models, tmp_path_factory):
-    """gpu_run(model, backend, *runner args) -> gpu_runner.py's JSON (cached for the session)."""
-    cache: dict = {}
+def gpu_run(request, gpu_models, tmp_path_factory):
+    """gpu_run(model, backend, *runner args) -> gpu_runner.py's JSON. Every engine the selected tests
+    declare starts at once, ENGINES at a time side by side on the GPU (each with a fixed KV cache,
+    so that vLLM's memory profiling does not see the others); a failed engine is remembered, so
+    every test that needs it fails at once."""
     logs = Path(os.environ.get("ATOM_GPU_LOGS") or tmp_path_factory.mktemp("gpu_logs"))
+    logs.mkdir(parents=True, exist_ok=True)
+    caches = tmp_path_factory.mktemp("vllm_caches")
+    pool = ThreadPoolExecutor(ENGINES)
+    runs: dict[tuple, Future] = {}
+
+    def submit(key: tuple) -> Future:
+        if key not in runs:
+            runs[key] = pool.submit(_run_engine, gpu_models, logs, caches, key)
+        return runs[key]
+
+    for item in request.session.items:
+        for key in _engine_keys(item):
+            submit(key)
 
     def run(model: str, backend: str, *args: str) -> dict:
-        key = (model, backend, args)
-        if key not in cache:
-            env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: our counters come back
-            cmd = [sys.executable, str(HERE / "gpu_runner.py"), str(gpu_models[model]), "--backend", backend, *args]
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-            name = "_".join([model, backend, *[a.strip("-") for a in args]])
-            (logs / f"{name}.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr[-200000:])
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            # a failed engine is remembered too: every test that needs it fails at once, not after a rerun
-            cache[key] = (json.loads(lines[-1][len("RESULT "):]) if p.returncode == 0 and lines
-                          else f"{name} failed (rc={p.returncode}):\n{p.stderr[-6000:]}")
-        assert not isinstance(cache[key], str), cache[key]
-        return cache[key]
+        res = submit((model, backend, args)).result()
+        assert not isinstance(res, str), res
+        return res
 
-    return run
+    yield run
+    pool.shutdown(cancel_futures=True)
 
 
 def _requests(r: dict) -> list[dict]:
@@ -108,6 +142,7 @@ def _tolerance(gpu_run, model: str, *args: str) -> float:
     return 2 * spread(gpu_run(model, PEERS[0], *args), gpu_run(model, PEERS[1], *args)) + FLOOR
 
 
+@EACH
 @pytest.mark.parametrize("model", MODELS)
 def test_greedy_tokens_and_logprobs_agree_with_vllm_backends(gpu_run, model):
     ours = gpu_run(model, "CUSTOM")
@@ -117,6 +152,7 @@ def test_greedy_tokens_and_logprobs_agree_with_vllm_backends(gpu_run, model):
         assert_agree(ours, gpu_run(model, peer), tol, f"{model} CUSTOM vs {peer}")
 
 
+@pytest.mark.engines((None, "CUSTOM"))
 @pytest.mark.parametrize("model", MODELS)
 def test_cuda_graphs_and_every_request_complete(gpu_run, model):
     r = gpu_run(model, "CUSTOM")
@@ -125,6 +161,7 @@ def test_cuda_graphs_and_every_request_complete(gpu_run, model):
     assert all(len(q["tokens"]) == 16 for q in _requests(r))
 
 
+@pytest.mark.engines((None, "CUSTOM"))
 @pytest.mark.parametrize("model", MODELS)
 def test_prefix_cache_hit_is_served_by_varlen(gpu_run, model):
     """The second prefix request shares 1024 tokens (64 blocks of 16) with the first: vLLM reports
@@ -135,6 +172,7 @@ def test_prefix_cache_hit_is_served_by_varlen(gpu_run, model):
     assert any(new == 60 and cached == 1024 and path == "varlen" for new, cached, path, _ in prefills), prefills
 
 
+@pytest.mark.engines((None, "CUSTOM"))
 @pytest.mark.parametrize("model", MODELS)
 def test_chunked_long_request_attends_to_its_earlier_chunks(gpu_run, model):
     """32000 tokens under a 2048-token budget: 16 chunks, each after the first a prefill over cached
@@ -146,6 +184,7 @@ def test_chunked_long_request_attends_to_its_earlier_chunks(gpu_run, model):
     assert len(r["phases"]["long"][0]["tokens"]) == 16
 
 
+@pytest.mark.engines((None, "CUSTOM"))
 @pytest.mark.parametrize("model", MODELS)
 def test_no_compile_or_fallback_after_warmup(gpu_run, model):
     a = gpu_run(model, "CUSTOM")["atom"]
@@ -154,6 +193,7 @@ def test_no_compile_or_fallback_after_warmup(gpu_run, model):
     assert not a["long"]["failed_paths"]
 
 
+@pytest.mark.engines(*[("llama", b, "--kv-cache-dtype", "fp8") for b in ("CUSTOM", *PEERS)])
 def test_fp8_kv_cache_agrees_with_vllm_backends(gpu_run):
     ours = gpu_run("llama", "CUSTOM", "--kv-cache-dtype", "fp8")
     assert ours["atom"]["long"]["counters"]["batches"] > 0
@@ -162,6 +202,7 @@ def test_fp8_kv_cache_agrees_with_vllm_backends(gpu_run):
         assert_agree(ours, gpu_run("llama", peer, "--kv-cache-dtype", "fp8"), tol, f"fp8 CUSTOM vs {peer}")
 
 
+@pytest.mark.engines(("llama", "CUSTOM", "--ngram", "3"), *[("llama", b) for b in ("CUSTOM", *PEERS)])
 def test_ngram_speculative_decoding_under_full_cuda_graphs(gpu_run):
     """Three ngram tokens per step (UNIFORM_BATCH graphs of 4 query tokens): proposals are
     accepted, and greedy output agrees with the same backend without speculation."""
