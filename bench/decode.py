@@ -18,6 +18,7 @@ time, not Python launch overhead (`python -m bench.decode_profile variants` meas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -209,6 +210,70 @@ def set_heads(hq: int, hk: int, d: int) -> None:
     HQ, HK, D = hq, hk, d
 
 
+# Batches beyond one length and one query token (--cases): the gpt-oss layer pair (64 / 8 heads,
+# d 64, sink logits; a full layer and a window-128 one over a 32k context, beside the full layer
+# at a 128-key context that a window layer should cost about), speculative decode (1 + 3 query
+# tokens), and a batch of lengths 1k .. 128k (each request takes its own split count).
+CASES = {
+    "gptoss_full_8x32k": dict(heads=(64, 8, 64), lengths=(32768,) * 8, sinks=True),
+    "gptoss_window128_8x32k": dict(heads=(64, 8, 64), lengths=(32768,) * 8, sinks=True, window=128),
+    "gptoss_full_8x128": dict(heads=(64, 8, 64), lengths=(128,) * 8, sinks=True),
+    "spec4_8x32k": dict(lengths=(32768,) * 8, query_tokens=4),
+    "mixed_1k_128k": dict(lengths=tuple(1024 << i for i in range(8))),
+}
+
+
+def run_case(name: str, spec: dict, platform, cfg, record) -> None:
+    """Ours (planner's splits and split rule), the Triton path, and cuDNN on dense KV where it can
+    run the case (no sinks or window, one length; 4 query tokens then attend to every key, a
+    timing proxy) for one CASES entry, bf16 and FP8 per tensor."""
+    from atom_backend.planning import decode_split_rule
+
+    set_heads(*spec.get("heads", (32, 8, 128)))
+    lengths, qt, window = spec["lengths"], spec.get("query_tokens", 1), spec.get("window", 0)
+    b, longest = len(lengths), max(lengths)
+    shape = (b, longest)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    extra = dict(window=window)
+    if spec.get("sinks"):
+        extra["sinks"] = torch.randn((HQ,), generator=g, device="cuda", dtype=torch.float32)
+    if spec.get("sinks") is None and window == 0 and len(set(lengths)) == 1:
+        for peer, fn in sdpa_fns(b, longest).items():
+            record(peer, shape, "bf16", 0, bench_ms(fn), kv_bytes(b, longest, 2), name)
+    for kv in ("bf16", "fp8_tensor"):
+        c = build(b, longest, kv)
+        c["sl"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        c["q"] = torch.randn((b * qt, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
+        c["cu"] = torch.arange(b + 1, dtype=torch.int32, device="cuda") * qt
+        facts = dataclasses.replace(facts_for(kv), window=window, has_sinks=bool(spec.get("sinks")))
+        splits = decode_splits(b, longest, facts, platform, cfg)
+        rule = tuple(decode_split_rule(b, facts, platform, cfg))
+        read = sum(min(n, window + qt - 1) if window else n for n in lengths)
+        nbytes = 2 * read * HK * D * (2 if kv == "bf16" else 1) + 2 * b * qt * HQ * D * 2
+        out = torch.empty_like(c["q"])
+        ws = torch.empty(decode.workspace_elems(splits, b * qt, HQ, D), dtype=torch.float32, device="cuda")
+        kw = dict(max_query_len=qt, num_splits=splits, split_rule=rule, out=out, workspace=ws, **c["scales"], **extra)
+
+        def ours():
+            decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], **kw)
+
+        record("ours", shape, kv, splits, bench_ms(ours), nbytes, name)
+        try:
+            from atom_backend import unified
+
+            tkw = dict(kw, max_seqlen_q=kw.pop("max_query_len"))
+
+            def triton():
+                unified.paged_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], **tkw)
+
+            triton()
+            record("triton_unified", shape, kv, splits, bench_ms(triton), nbytes, name)
+        except Exception as e:  # the Triton path refuses the case: say so, keep going
+            print(f"# {name} {kv}: triton unified failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        c.clear()
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="also time a range of split counts")
@@ -217,9 +282,10 @@ def main(argv=None) -> None:
     ap.add_argument("--compare", action="store_true",
                     help="also time the other kernel (CUDA-core 'fma' vs tensor-core 'mma') at its own suggested splits")
     ap.add_argument("--mma-tune", action="store_true", help="time KTILES / STAGES alternatives of the mma kernel")
-    ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096,1x131072")
+    ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096,1x131072 (none: only --cases)")
     ap.add_argument("--heads", default=f"{HQ}/{HK}", help="query / kv heads of one rank, e.g. 8/1")
     ap.add_argument("--head-dim", type=int, default=D)
+    ap.add_argument("--cases", default="", help=f"also time these CASES (comma-separated, or all): {', '.join(CASES)}")
     args = ap.parse_args(argv)
     set_heads(*(int(x) for x in args.heads.split("/")), args.head_dim)
 
@@ -242,7 +308,9 @@ def main(argv=None) -> None:
 
     summary = []
     shapes = SHAPES
-    if args.shapes:
+    if args.shapes == "none":
+        shapes = ()
+    elif args.shapes:
         shapes = tuple(tuple(int(x) for x in t.split("x")) for t in args.shapes.split(","))
     arch = "sm_%d%d" % (props.major, props.minor) + ("a" if props.major == 9 else "")
     default_impl = decode.choose_impl(arch, D, 0)
@@ -329,6 +397,11 @@ def main(argv=None) -> None:
         print(f"{shape[0]:>4}x{shape[1]:<7} {bp['splits']:>3} {bp['ms'] * 1e3:8.1f} {100 * bp['frac_copy']:6.1f} "
               f"{ft['splits']:>3} {ft['ms'] * 1e3:7.1f} {bp['ms'] / ft['ms']:6.2f} {fp['ms'] * 1e3:8.1f} "
               f"{bp['ms'] / fp['ms']:7.2f} " + " ".join(f"{r:>9}" for r in ratio) + placed(ours, peers))
+    names = list(CASES) if args.cases == "all" else [n for n in args.cases.split(",") if n]
+    if names:
+        print("\n# cases (extra column: the case)")
+    for name in names:
+        run_case(name, CASES[name], platform, cfg, record)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, device=props.name, rows=rows), f, indent=1)
