@@ -19,8 +19,9 @@ together they start side by side and the rounds interleave the backends (A B C, 
 otherwise one engine at a time runs its rounds back to back. A prefix round starts from the
 shared prefix alone in the cache. Each (backend, round) writes its own result file under --out,
 so a run cut short resumes where it stopped. The summary prints each backend's medians and its
-ratio to the others. --profile adds one profiled round per backend: the share of GPU time in
-attention kernels (torch profiler, kernels named by backend) beside the rest.
+ratio to the others. --profile adds one profiled round per backend, in an engine of its own whose
+engine core runs in-process (so the torch profiler sees its kernels): the share of GPU time in
+attention kernels (kernels named by backend) beside the rest.
 """
 
 from __future__ import annotations
@@ -185,13 +186,15 @@ def summary(results: list[dict]) -> str:
 class Engine:
     """A child engine (``--engine``) driven line by line; its output goes to a log file."""
 
-    def __init__(self, a, backend: str, kv_gib: float, log: Path):
+    def __init__(self, a, backend: str, kv_gib: float, log: Path, in_process: bool = False):
         cmd = [sys.executable, "-m", "bench.serve", "--engine", "--model", a.model, "--workload", a.workload,
                "--backend", backend, "--kv-cache-dtype", a.kv_cache_dtype, "--kv-cache-gib", f"{kv_gib:.3f}",
                "--models-dir", a.models_dir]
         self.backend, self.log = backend, log.open("a")
         # its own compile cache: engines starting side by side do not write one directory at once
         env = dict(os.environ, VLLM_CACHE_ROOT=os.path.join(tempfile.gettempdir(), "atom-bench-vllm-cache", backend))
+        if in_process:  # the engine core in the child's own process, where its profiler sees the kernels
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env)
         self.t0 = time.monotonic()
@@ -236,36 +239,49 @@ def run_plan(a, out: Path) -> None:
     """Runs every (backend, round) without a result file under out: engines side by side when they
     fit, rounds interleaved A B C, A B C; otherwise one engine at a time, its rounds back to back."""
     backends = [b for b in a.backends.split(",") if b]
-    rounds = [str(r) for r in range(a.rounds)] + (["profile"] if a.profile else [])
+    rounds = [str(r) for r in range(a.rounds)]
     suffix = "" if a.kv_cache_dtype == "auto" else "_" + a.kv_cache_dtype
 
     def path(b: str, r: str) -> Path:
         return out / f"{a.model}_{a.workload}_{b}_{r}{suffix}.json"
 
+    def log(b: str) -> Path:
+        return out / f"{a.model}_{a.workload}_{b}{suffix}.log"
+
+    def save(b: str, r: str, res: dict) -> None:
+        path(b, r).write_text(json.dumps(res, indent=1))
+        print(f"{b} round {r}: {res['output_tok_s']:.0f} output tok/s ({res['wall_s']:.1f} s)", flush=True)
+
+    kv_gib = kv_cache_gib(a.model, a.workload, a.kv_cache_dtype)
     todo = {b: [r for r in rounds if not path(b, r).exists()] for b in backends}
     todo = {b: rs for b, rs in todo.items() if rs}
-    if not todo:
-        return
-    kv_gib = kv_cache_gib(a.model, a.workload, a.kv_cache_dtype)
-    together = fits_together(a, list(todo), kv_gib)
-    print(f"{a.model}/{a.workload}: KV cache {kv_gib:.1f} GiB per engine, engines "
-          f"{'side by side, rounds interleaved' if together else 'one at a time'}", flush=True)
-    groups = [list(todo)] if together else [[b] for b in todo]
-    for group in groups:
-        engines = {b: Engine(a, b, kv_gib, out / f"{a.model}_{a.workload}_{b}{suffix}.log") for b in group}
-        try:
-            for b, e in engines.items():
-                print(f"{b}: engine ready in {float(e.expect('READY')):.0f} s", flush=True)
-            for r in rounds:
+    if todo:
+        together = fits_together(a, list(todo), kv_gib)
+        print(f"{a.model}/{a.workload}: KV cache {kv_gib:.1f} GiB per engine, engines "
+              f"{'side by side, rounds interleaved' if together else 'one at a time'}", flush=True)
+        for group in [list(todo)] if together else [[b] for b in todo]:
+            engines = {b: Engine(a, b, kv_gib, log(b)) for b in group}
+            try:
                 for b, e in engines.items():
-                    if r not in todo[b]:
-                        continue
-                    res = e.run(r, profile=r == "profile")
-                    path(b, r).write_text(json.dumps(res, indent=1))
-                    print(f"{b} round {r}: {res['output_tok_s']:.0f} output tok/s ({res['wall_s']:.1f} s)", flush=True)
+                    print(f"{b}: engine ready in {float(e.expect('READY')):.0f} s", flush=True)
+                for r in rounds:
+                    for b, e in engines.items():
+                        if r in todo[b]:
+                            save(b, r, e.run(r, profile=False))
+            finally:
+                for e in engines.values():
+                    e.close()
+    # Profiled rounds: the engine core in the child's process (vLLM runs it in another one by
+    # default, out of the profiler's sight), so apart from the timed rounds, one engine at a time.
+    for b in backends if a.profile else ():
+        if path(b, "profile").exists():
+            continue
+        e = Engine(a, b, kv_gib, log(b), in_process=True)
+        try:
+            e.expect("READY")
+            save(b, "profile", e.run("profile", profile=True))
         finally:
-            for e in engines.values():
-                e.close()
+            e.close()
 
 
 def main() -> None:

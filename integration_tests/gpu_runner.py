@@ -2,7 +2,7 @@
 CUDA graphs FULL_AND_PIECEWISE); prints one RESULT JSON line (run as a subprocess).
 
     python integration_tests/gpu_runner.py MODEL_DIR --backend CUSTOM|TRITON_ATTN|FLASH_ATTN
-        [--kv-cache-dtype fp8] [--ngram 3] [--kv-cache-gib 2]
+        [--kv-cache-dtype fp8] [--ngram 3] [--kv-cache-gib 2] [--setting ATOM_FP8_COMPUTE=0]
 
 Phases, in order, all greedy with logprobs, prompts as token ids:
 - warmup: a few prompts (compiles, captures, first launches);
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -81,12 +82,19 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=0, help="speculative tokens of an ngram proposer (0: none)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--skip", default="", help="comma-separated phases to leave out")
+    ap.add_argument("--setting", action="append", default=[], metavar="ATOM_NAME=VALUE",
+                    help="one of our settings for this engine (README: settings), e.g. ATOM_FP8_COMPUTE=0")
     ap.add_argument("--cprofile", default="", help="comma-separated phases to run under cProfile (the host's "
                     "share of a step: the 30 costliest functions by cumulative time go to stderr)")
     ap.add_argument("--kv-cache-gib", type=float, default=0.0,
                     help="a fixed KV cache instead of vLLM's memory profiling, which assumes no other process "
                          "changes its GPU memory meanwhile (0: profile, gpu_memory_utilization 0.35)")
     a = ap.parse_args()
+    for kv in a.setting:  # before vLLM and our backend load: settings are read once
+        name, _, value = kv.partition("=")
+        if not name.startswith("ATOM_") or not _:
+            raise SystemExit(f"--setting {kv!r}: ATOM_NAME=VALUE expected")
+        os.environ[name] = value
 
     from vllm import LLM, SamplingParams
 

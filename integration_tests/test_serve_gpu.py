@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -124,18 +125,30 @@ def spread(a: dict, b: dict) -> float:
     return worst
 
 
-def assert_agree(ours: dict, peer: dict, tol: float, what: str) -> None:
-    """Greedy tokens equal up to a near tie, logprobs within tol where they agree (module doc)."""
+def first_disagreement(ours: dict, peer: dict, tol: float) -> str | None:
+    """None when greedy tokens are equal up to a near tie and logprobs within tol where they agree
+    (module doc); else where and how they first part."""
     for i, (x, y) in enumerate(zip(_requests(ours), _requests(peer), strict=True)):
-        assert len(x["tokens"]) == len(y["tokens"]), f"{what} request {i}: lengths differ"
+        if len(x["tokens"]) != len(y["tokens"]):
+            return f"request {i}: lengths differ"
         for step, (tx, ty, lx, ly) in enumerate(zip(x["tokens"], y["tokens"], x["logprobs"], y["logprobs"])):
+            where = f"request {i} step {step}: ours {tx} ({lx[str(tx)]:.4f}), peer's {ty} ({ly[str(ty)]:.4f})"
             if tx != ty:
-                assert str(tx) in ly, f"{what} request {i} step {step}: our token {tx} not in the peer's top 5 {ly}"
+                if str(tx) not in ly:
+                    return f"{where}: ours not in the peer's top 5 {ly}; our top 5 {lx}"
                 gap = ly[str(ty)] - ly[str(tx)]
-                assert gap <= 2 * tol, f"{what} request {i} step {step}: {tx} vs {ty}, peer's gap {gap:.4f} > {2 * tol:.4f}"
-                break
+                return None if gap <= 2 * tol else f"{where}: the peer's gap {gap:.4f} > {2 * tol:.4f}"
             d = abs(lx[str(tx)] - ly[str(ty)])
-            assert d <= tol, f"{what} request {i} step {step}: logprob differs by {d:.4f} > {tol:.4f}"
+            if d > tol:
+                return f"{where}: logprob differs by {d:.4f} > {tol:.4f}"
+    return None
+
+
+def assert_agree(ours: dict, peers: dict[str, dict], tol: float, what: str) -> None:
+    """first_disagreement against every peer, all of them reported when one fails."""
+    parts = {name: first_disagreement(ours, peer, tol) for name, peer in peers.items()}
+    bad = {name: why for name, why in parts.items() if why}
+    assert not bad, f"{what} (tolerance {tol:.4f}): " + "; ".join(f"vs {n}: {why}" for n, why in bad.items())
 
 
 def _tolerance(gpu_run, model: str, *args: str) -> float:
@@ -147,9 +160,7 @@ def _tolerance(gpu_run, model: str, *args: str) -> float:
 def test_greedy_tokens_and_logprobs_agree_with_vllm_backends(gpu_run, model):
     ours = gpu_run(model, "CUSTOM")
     assert ours["atom"]["long"]["counters"]["batches"] > 0, "our backend did not run"
-    tol = _tolerance(gpu_run, model)
-    for peer in PEERS:
-        assert_agree(ours, gpu_run(model, peer), tol, f"{model} CUSTOM vs {peer}")
+    assert_agree(ours, {p: gpu_run(model, p) for p in PEERS}, _tolerance(gpu_run, model), f"{model} CUSTOM")
 
 
 @pytest.mark.engines((None, "CUSTOM"))
@@ -193,13 +204,29 @@ def test_no_compile_or_fallback_after_warmup(gpu_run, model):
     assert not a["long"]["failed_paths"]
 
 
-@pytest.mark.engines(*[("llama", b, "--kv-cache-dtype", "fp8") for b in ("CUSTOM", *PEERS)])
+FP8 = ("--kv-cache-dtype", "fp8")
+FP8_16BIT = (*FP8, "--setting", "ATOM_FP8_COMPUTE=0")
+
+
+@pytest.mark.engines(("llama", "CUSTOM", *FP8_16BIT), *[("llama", b, *FP8) for b in PEERS])
 def test_fp8_kv_cache_agrees_with_vllm_backends(gpu_run):
-    ours = gpu_run("llama", "CUSTOM", "--kv-cache-dtype", "fp8")
+    """FP8 storage with 16-bit compute (our FP8 prefill compute off): the cache's e4m3 values
+    dequantized and attended in bf16 with fp32 sums, the rounding points of vLLM's backends over
+    the same cache, so the module's tolerance holds as it does for bf16."""
+    ours = gpu_run("llama", "CUSTOM", *FP8_16BIT)
     assert ours["atom"]["long"]["counters"]["batches"] > 0
-    tol = _tolerance(gpu_run, "llama", "--kv-cache-dtype", "fp8")
-    for peer in PEERS:
-        assert_agree(ours, gpu_run("llama", peer, "--kv-cache-dtype", "fp8"), tol, f"fp8 CUSTOM vs {peer}")
+    assert_agree(ours, {p: gpu_run("llama", p, *FP8) for p in PEERS}, _tolerance(gpu_run, "llama", *FP8), "fp8 KV")
+
+
+@pytest.mark.engines(("llama", "CUSTOM", *FP8), *[("llama", b, *FP8) for b in PEERS])
+def test_fp8_compute_agrees_with_vllm_backends(gpu_run):
+    """FP8 compute on (the default): varlen prefill rounds Q and P to e4m3 too, an error of ~3-4%
+    of the attention output (docs/fp8.md) where vLLM's backends differ from each other less; the
+    same tolerance then says whether a model's tokens still agree."""
+    ours = gpu_run("llama", "CUSTOM", *FP8)
+    assert ours["atom"]["long"]["counters"]["batches"] > 0
+    assert_agree(ours, {p: gpu_run("llama", p, *FP8) for p in PEERS}, _tolerance(gpu_run, "llama", *FP8),
+                 "fp8 compute")
 
 
 @pytest.mark.engines(("llama", "CUSTOM", "--ngram", "3"), *[("llama", b) for b in ("CUSTOM", *PEERS)])
@@ -210,7 +237,7 @@ def test_ngram_speculative_decoding_under_full_cuda_graphs(gpu_run):
     assert "FULL" in spec["cudagraph_mode"], spec["cudagraph_mode"]
     accepted = sum(v for k, v in spec["spec"].items() if "accepted" in k)
     assert accepted > 0, spec["spec"]
-    assert_agree(spec, gpu_run("llama", "CUSTOM"), _tolerance(gpu_run, "llama"), "CUSTOM ngram vs CUSTOM")
+    assert_agree(spec, {"CUSTOM": gpu_run("llama", "CUSTOM")}, _tolerance(gpu_run, "llama"), "CUSTOM ngram")
 
 
 def _total(series: dict[str, float], name: str, *labels: str) -> float:
@@ -236,7 +263,9 @@ def test_openai_server_and_metrics_on_the_gpu(gpu_models, tmp_path):
 
         first, second = ask("w1 w2 w3"), ask("w7 w8 w9 w10 w11")
     text = (tmp_path / "server.log").read_text()
-    assert "Using CUSTOM attention backend" in text, text[-3000:]
+    # vLLM's own selection line on a GPU platform, then our kernels' warm-up line
+    assert "Using AttentionBackendEnum.CUSTOM backend" in text, text[-3000:]
+    assert re.search(r"atom-backend: \d+ kernel variants ready for sm_", text), text[-3000:]
     assert _total(second, "vllm:prefix_cache_hits_total") - _total(first, "vllm:prefix_cache_hits_total") >= 1024
     routed = _total(second, "atom_routed_requests_total", *varlen) - _total(first, "atom_routed_requests_total", *varlen)
     assert routed >= 1, sorted(k for k in second if k.startswith("atom_routed"))

@@ -115,6 +115,37 @@ def test_fallbacks_compiles_and_logging(monkeypatch, caplog):
     assert _value(reg, "atom_kernel_compile_seconds_total", kernel="decode") == pytest.approx(2.0)
 
 
+def test_unified_triton_compiles_are_counted(monkeypatch):
+    """Triton's JIT compiles a unified variant at its first launch: the compile listener counts the
+    unified kernels' compiles and cache loads (atom_kernel_compiles_total{kernel="unified ..."}),
+    ignores other Triton kernels, and keeps calling a listener that was set before it."""
+    import triton
+
+    from atom_backend.execution import health
+
+    reg = CollectorRegistry()
+    monkeypatch.setattr(metrics, "_impl", Metrics(reg))
+    before = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: before.append(kw["cache_hit"]))
+    health._observe_triton_compiles()
+    health._observe_triton_compiles()  # once per process: the second call sees its own listener
+
+    def compiled(name, hit, us):
+        fn = type("Fn", (), {"__name__": name})()
+        triton.knobs.compilation.listener(src=type("Src", (), {"fn": fn})(), metadata={}, metadata_group={},
+                                          times=type("T", (), {"total": us})(), cache_hit=hit)
+
+    compiled("unified_attn_kernel", False, 2_500_000)
+    compiled("unified_attn_kernel", True, 1_000)
+    compiled("combine_kernel", False, 500_000)
+    compiled("triton_poi_fused_add_0", False, 100)  # inductor's, not ours
+    assert _value(reg, "atom_kernel_compiles_total", kernel="unified unified_attn_kernel") == 1
+    assert _value(reg, "atom_kernel_cache_hits_total", kernel="unified unified_attn_kernel") == 1
+    assert _value(reg, "atom_kernel_compiles_total", kernel="unified combine_kernel") == 1
+    assert _value(reg, "atom_kernel_compile_seconds_total", kernel="unified unified_attn_kernel") == pytest.approx(2.501)
+    assert before == [False, True, False, False]
+
+
 def test_kernel_timer_sampling_on_cpu():
     reg = CollectorRegistry()
     m = Metrics(reg, sample_rate=0.0, device_timing=False)

@@ -307,3 +307,22 @@ def test_cpu_tensors_without_interpreter_are_refused():
     B = _valid()
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         _call(B)
+
+
+@interp_only
+@pytest.mark.parametrize("facts", [
+    dict(num_q_heads=8, num_kv_heads=2, head_dim=32, has_sinks=True, softcap=20.0, layer_windows=(0, 16)),
+    dict(num_q_heads=4, num_kv_heads=1, head_dim=64, kv_dtype="fp8_e4m3", kv_scale_mode="per_page", page_size=1),
+    dict(num_q_heads=4, num_kv_heads=2, head_dim=32, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor", sink_tokens=4,
+         window=8),
+], ids=["sinks_softcap_windows", "fp8_page_mqa_page1", "fp8_tensor_streaming"])
+def test_warm_launches_every_variant_the_model_can_use(facts):
+    """The builder's warm-up (unified.warm) launches each of aot.launch_plan's variants, with
+    inputs the launch wrappers accept for every feature the model has."""
+    from atom_backend.planning import ModelFacts
+    from atom_backend.unified import aot, warm
+
+    f = ModelFacts(**facts)
+    names = warm.warm(f, "sm_90a", torch.device("cpu"), max_query_tokens=2)
+    assert names == [v.name for v in aot.launch_variants("sm_90a", f, max_query_tokens=2)]
+    assert any(n.startswith("unified.paged_decode") for n in names) and any("paged_attention" in n for n in names)

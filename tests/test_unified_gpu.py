@@ -148,3 +148,38 @@ def test_cuda_graph_capture():
     torch.cuda.synchronize()
     ro, _ = _reference(B)
     assert_close(out, ro, torch.bfloat16, "graph replay")
+
+
+@pytest.mark.parametrize("facts", [
+    dict(num_q_heads=8, num_kv_heads=2, head_dim=256, softcap=50.0, layer_windows=(0, 256)),
+    dict(num_q_heads=16, num_kv_heads=2, head_dim=64, has_sinks=True, layer_windows=(0, 128)),
+    dict(num_q_heads=8, num_kv_heads=2, head_dim=128, kv_dtype="fp8_e4m3", kv_scale_mode="per_tensor"),
+], ids=["gemma2", "gptoss", "llama_fp8"])
+def test_after_warm_a_served_batch_compiles_nothing(facts, monkeypatch):
+    """The builder's warm-up (unified.warm) fills Triton's JIT with the variants serving launches:
+    a batch of real sizes afterwards (long prefill over cached keys, decode rows) compiles and loads
+    nothing, on each layer window."""
+    import triton
+
+    from atom_backend.planning import ModelFacts
+    from atom_backend.unified import warm
+
+    f = ModelFacts(**facts)
+    arch = "sm_%d%da" % torch.cuda.get_device_capability()
+    warm.warm(f, arch, torch.device("cuda"), max_query_tokens=1)
+    events = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **kw: events.append(kw["src"].fn.__name__))
+    gen = torch.Generator().manual_seed(5)
+    kv = "fp8_tensor" if f.kv_dtype.startswith("fp8") else "same"
+    for seqs in ([(2048, 6144), (300, 300)], [(1, 5000), (1, 77)]):
+        B = make_batch(seqs, f.num_q_heads, f.num_kv_heads, f.head_dim, 16, dtype=torch.bfloat16, kv=kv, gen=gen,
+                       device="cuda")
+        for window in (0, 128 if f.layer_windows else 0):
+            opts = dict(window=window, softcap=f.softcap, sinks=torch.randn(f.num_q_heads, device="cuda")
+                        if f.has_sinks else None, **B.scales)
+            if seqs[0][0] == 1:
+                paged_decode(*B.args(), max_seqlen_q=1, num_splits=8, **opts)
+            else:
+                paged_attention(*B.args(), max_seqlen_q=2048, **opts)
+    torch.cuda.synchronize()
+    assert events == [], events

@@ -188,3 +188,28 @@ def test_docs_readme_and_image_state_the_range():
     image = re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v([\w.]+)$", (ROOT / "deploy" / "Dockerfile.cuda").read_text(),
                       re.M)
     assert image and compat.is_supported(compat.parse_version(image.group(1))), image
+
+
+def test_inside_vllm_our_lines_go_where_vllms_go(monkeypatch):
+    """The layers below the plugin log to "atom_backend"; once the plugin registers, an INFO line
+    there (kernels ready) reaches vLLM's handlers at vLLM's level, and not twice through the root."""
+    pytest.importorskip("vllm")
+    from atom_backend.vllm import plugin
+
+    ours, theirs = logging.getLogger("atom_backend"), logging.getLogger("vllm")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    monkeypatch.setattr(theirs, "handlers", [Keep()])
+    monkeypatch.setattr(theirs, "level", logging.INFO)
+    plugin.route_logs_to_vllm()
+    ours.info("atom-backend: 3 kernel variants ready for sm_90a")
+    ours.debug("below vLLM's level")
+    assert seen == ["atom-backend: 3 kernel variants ready for sm_90a"]
+    assert ours.propagate is False

@@ -25,6 +25,36 @@ def _observe_compiles() -> None:
     from hip_kernels import runtime
 
     runtime.observe_compiles(metrics.record_compile)
+    _observe_triton_compiles()
+
+
+# The unified path's Triton kernels (atom_backend.unified._kernels), counted as "unified <name>".
+_TRITON_KERNELS = ("unified_attn_kernel", "combine_kernel")
+
+
+def _observe_triton_compiles() -> None:
+    """Count the unified path's Triton compiles and cache loads too: the JIT makes a variant at its
+    first launch, so one counted after warm-up is a batch that waited on a compiler. Triton has
+    one listener slot; one already set (another library's) keeps being called."""
+    try:
+        import triton
+    except ImportError:
+        return
+    knobs = getattr(triton, "knobs", None)
+    prev = getattr(getattr(knobs, "compilation", None), "listener", None) if knobs else None
+    if knobs is None or getattr(prev, "atom_backend", False):
+        return
+
+    def listener(**kw):
+        name = getattr(getattr(kw.get("src"), "fn", None), "__name__", "")
+        if name in _TRITON_KERNELS:
+            total = getattr(kw.get("times"), "total", 0) or 0  # microseconds
+            metrics.record_compile(f"unified {name}", total * 1e-6, bool(kw.get("cache_hit")))
+        if prev is not None:
+            prev(**kw)
+
+    listener.atom_backend = True
+    knobs.compilation.listener = listener
 
 # "varlen" / "splitkv" / "varlen_fp8" (FP8 compute inside varlen) -> None (usable) or why not
 STATE: dict[str, str | None] = {}
@@ -126,19 +156,34 @@ def warm_kernels(facts, device: torch.device, max_query_tokens: int) -> None:
     if key in _WARMED:
         return
     _WARMED.add(key)
+    built, failed = [], []
     try:
         from atom_backend.catalog import build
 
         jobs = build.plan_build([arch], lambda _arch: [facts], max_query_tokens=max_query_tokens)
         for j in jobs:
-            j.triton = []  # Triton compiles its own launches, into its own cache
+            j.triton = []  # an ahead-of-time Triton compile does not fill the JIT's cache: launched below
         results = build.run(jobs, workers=min(8, os.cpu_count() or 1), progress=False, threads=True)
+        failed = [r for r in results if r.error]
+        built = [r for r in results if not r.error and not r.skipped]
     except Exception as e:  # the first launch will meet and report the same problem
         logger.warning("atom-backend: kernels not compiled ahead of the first batch (%s: %s)", type(e).__name__, e)
-        return
-    failed = [r for r in results if r.error]
     for r in failed:
         logger.warning("atom-backend: %s did not compile ahead of serving: %s", r.name, r.error.splitlines()[0])
-    built = [r for r in results if not r.error and not r.skipped]
-    logger.info("atom-backend: %d kernel variants ready for %s (%d compiled now, %.1f s)", len(built), arch,
-                sum(not r.cache_hit for r in built), sum(r.seconds for r in built))
+    unified, seconds = _warm_unified(facts, arch, device, max_query_tokens)
+    logger.info("atom-backend: %d kernel variants ready for %s (%d compiled now, %.1f s); %d unified (Triton) "
+                "variants launched once (%.1f s)", len(built), arch, sum(not r.cache_hit for r in built),
+                sum(r.seconds for r in built), len(unified), seconds)
+
+
+def _warm_unified(facts, arch: str, device: torch.device, max_query_tokens: int) -> tuple[list[str], float]:
+    """Launch the unified path's variants once (Triton compiles at first launch). A failure is left
+    to the first real launch, which reports it and plans around it."""
+    try:
+        from atom_backend.unified import warm
+
+        return warm.timed_warm(facts, arch, device, max_query_tokens)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        logger.warning("atom-backend: unified (Triton) kernels not launched ahead of the first batch (%s: %s)",
+                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return [], 0.0

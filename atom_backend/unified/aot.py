@@ -61,11 +61,11 @@ def _windows(facts) -> list[int]:
     return sorted({int(w) for w in facts.layer_windows} or {facts.window})
 
 
-def launch_variants(arch: str, facts, max_query_tokens: int = 1) -> list[Variant]:
-    """The unified-path compiles a model (planner.ModelFacts) needs on ``arch`` with its declared
-    tiles: paged_decode for decode rows (at most ``max_query_tokens`` query tokens) and
-    paged_attention for the prefill rows routed unified (more), per layer window. [] when the
-    arch has no table (nothing declared to check)."""
+def launch_plan(arch: str, facts, max_query_tokens: int = 1) -> list[tuple[int, Variant]]:
+    """(query tokens, Variant): each unified-path compile a model (planner.ModelFacts) needs on
+    ``arch`` with its declared tiles, and a query length whose launch selects it: paged_decode for
+    decode rows (at most ``max_query_tokens`` query tokens) and paged_attention for the prefill
+    rows routed unified (more), per layer window. [] when the arch has no table."""
     family = configs.arch_family(arch)
     if family is None:
         return []
@@ -75,7 +75,7 @@ def launch_variants(arch: str, facts, max_query_tokens: int = 1) -> list[Variant
     # past 64 // group + 1 query tokens every length gives the same key: the prefill one
     lengths = {"paged_decode": range(1, max_query_tokens + 1),
                "paged_attention": range(max_query_tokens + 1, max(max_query_tokens + 1, 64 // group + 1) + 1)}
-    out = []
+    out, seen = [], set()
     for entry, qlens in lengths.items():
         for window in _windows(facts):
             for sq in qlens:
@@ -89,9 +89,15 @@ def launch_variants(arch: str, facts, max_query_tokens: int = 1) -> list[Variant
                 const.update(SPLIT=entry == "paged_decode", RETURN_LSE=False)
                 v = Variant(entry, key, facts.dtype, facts.kv_dtype, facts.num_q_heads, facts.num_kv_heads, window,
                             facts.sink_tokens, cfg, tuple(sorted(const.items())))
-                if v not in out:
-                    out.append(v)
+                if v not in seen:
+                    seen.add(v)
+                    out.append((sq, v))
     return out
+
+
+def launch_variants(arch: str, facts, max_query_tokens: int = 1) -> list[Variant]:
+    """The Variants of ``launch_plan``."""
+    return [v for _, v in launch_plan(arch, facts, max_query_tokens)]
 
 
 def _scalar(value):

@@ -35,9 +35,23 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
+    route_logs_to_vllm()
     logger.debug("atom-backend registered as attention backend CUSTOM -> %s", BACKEND_PATH)
     if custom_selected(sys.argv) and not _is_child_process():
         prepare_front_end(os.environ)
+
+
+def route_logs_to_vllm() -> None:
+    """The layers below the plugin log to "atom_backend" and know nothing of vLLM; inside vLLM
+    their lines (kernels ready, fallbacks) go where vLLM's go, at vLLM's level. A logger the
+    application configured itself is left alone."""
+    ours, theirs = logging.getLogger("atom_backend"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for h in theirs.handlers:
+        ours.addHandler(h)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
 
 
 def version_supported() -> bool:
