@@ -110,6 +110,9 @@ def fma_tuned(t: dict) -> str:
     return str(overlay.write("decode.hip", edits, f"u{t['UNROLL']}_s{t['STAGES']}"))
 
 
+BALANCED = None  # --balanced: None = where it pays (hip_kernels.decode.balance_pays), True / False forced
+
+
 def run_ours(c, splits, tune=None, with_combine=True, impl=None, source=None):
     """One decode step over `splits` splits, every request on all of them: what the backend
     launches at the planner's own count for a batch of one length (its SplitRule then keeps every
@@ -121,7 +124,8 @@ def run_ours(c, splits, tune=None, with_combine=True, impl=None, source=None):
     def fn():
         if with_combine:
             decode.splitkv_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
-                                  num_splits=splits, out=out, workspace=ws, impl=impl, **c["scales"])
+                                  num_splits=splits, out=out, workspace=ws, impl=impl, balanced=BALANCED,
+                                  **c["scales"])
         else:
             decode.splitkv_partials(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], max_query_len=1,
                                     num_splits=splits, workspace=ws, _tune=tune, _source=source, impl=impl,
@@ -285,9 +289,13 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", default="", help="subset, e.g. 64x4096,1x131072 (none: only --cases)")
     ap.add_argument("--heads", default=f"{HQ}/{HK}", help="query / kv heads of one rank, e.g. 8/1")
     ap.add_argument("--head-dim", type=int, default=D)
+    ap.add_argument("--balanced", choices=("auto", "on", "off"), default="auto",
+                    help="the tensor-core kernel's balanced splits: where they pay (auto), always, never")
     ap.add_argument("--cases", default="", help=f"also time these CASES (comma-separated, or all): {', '.join(CASES)}")
     args = ap.parse_args(argv)
     set_heads(*(int(x) for x in args.heads.split("/")), args.head_dim)
+    global BALANCED
+    BALANCED = {"auto": None, "on": True, "off": False}[args.balanced]
 
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
