@@ -156,14 +156,17 @@ def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, f
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one shape, 3 x 3 grid (smoke test)")
-    ap.add_argument("--out", help="directory for cost_<arch>.json (default: atom_backend/catalog/tables)")
+    ap.add_argument("--out", help="directory for the table (default: atom_backend/catalog/tables)")
+    ap.add_argument("--family", action="store_true",
+                    help="write the arch family's table (cost_<family>.json, read by the family's cards without one "
+                         "of their own) instead of this device's (cost_<family>_<device>.json)")
     ap.add_argument("--json", help="also write the raw table here")
     args = ap.parse_args(argv)
     from atom_backend.catalog import tables, tuning
     from hip_kernels import runtime
 
     arch = runtime.device_arch()
-    tuning.apply(arch)  # the tiles serving will use
+    tuning.apply(arch, device_name())  # the tiles serving will use
     t0 = time.perf_counter()
     grid = QUICK_GRID if args.quick else FULL_GRID
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
@@ -198,7 +201,7 @@ def main(argv=None) -> dict:
             "shapes": rows,
             "seconds": round(time.perf_counter() - t0, 1)}
     cmd = "python -m bench.calibrate" + (" --quick" if args.quick else "")
-    p = tables.write("cost", arch, body, cmd, device_name(), args.out)
+    p = tables.write("cost", arch, body, cmd, device_name(), args.out, family=args.family)
     print(f"wrote {p} in {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -78,7 +78,10 @@ def choose(d: int, cls: str, measured: list, default: dict, shape_labels: list) 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", help="directory for tuning_<arch>.json (default: atom_backend/catalog/tables)")
+    ap.add_argument("--out", help="directory for the table (default: atom_backend/catalog/tables)")
+    ap.add_argument("--family", action="store_true",
+                    help="write the arch family's table (tuning_<family>.json, read by the family's cards without "
+                         "one of their own) instead of this device's (tuning_<family>_<device>.json)")
     args = ap.parse_args(argv)
     from atom_backend.catalog import build, tables, tuning
     from bench.prefill import make
@@ -155,7 +158,7 @@ def main(argv=None) -> dict:
               f"chosen {rows[-1]['config']}", flush=True)
     body = {"kernels": {"varlen_prefill": rows}, "seconds": round(time.perf_counter() - t0, 1)}
     cmd = "python -m bench.tune" + (" --quick" if args.quick else "")
-    p = tables.write("tuning", arch, body, cmd, device_name(), args.out)
+    p = tables.write("tuning", arch, body, cmd, device_name(), args.out, family=args.family)
     print(f"wrote {p} in {time.perf_counter() - t0:.0f} s")
     return body
 

@@ -300,7 +300,7 @@ def test_tuning_table_is_applied_and_seen_by_selection(monkeypatch, tmp_path):
     bad = {"num_warps": 8, "block_n": 24, "stages": 2}  # 24 keys: not a shape the portable kernel builds
     tables.write("tuning", "gfx950", {"kernels": {"varlen_prefill": [
         {"head_dim": 64, "window_class": "full", "config": cfg},
-        {"head_dim": 128, "window_class": "full", "config": bad}]}}, "test", "none", tmp_path)
+        {"head_dim": 128, "window_class": "full", "config": bad}]}}, "test", "none", tmp_path, family=True)
     try:
         changed = tuning.apply("gfx950")
         assert changed == {(64, "full"): prefill.Config(8, 64, 2, 2)}  # the bad row: logged, default kept
@@ -329,6 +329,38 @@ def test_tuning_rows_carry_the_ctas_of_a_hopper_tile():
     assert prefill.Config(8, 64, 3, wgmma=True).ctas_per_sm == 1
     assert ("CTAS", "3") in prefill._variant(64, 0, False, c3).defines
     assert "CTAS" not in dict(prefill._variant(64, 0, False, prefill.Config(4, 64, 3, wgmma=True)).defines)
+
+
+@pytest.mark.parametrize("name, key", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100_80gb_hbm3"),
+                                       ("AMD Instinct MI300X", "mi300x"), ("AMD Instinct MI355X", "mi355x"),
+                                       ("", "")])
+def test_device_keys(name, key):
+    assert tables.device_key(name) == key
+
+
+def test_a_devices_own_table_comes_before_its_familys(monkeypatch, tmp_path):
+    """Tuning measured on an H200 is read on the H200 only; the family's table serves its other
+    cards (and a process that names no device); with no family table they get the defaults."""
+    from hip_kernels import prefill
+
+    monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
+    h200 = {"num_warps": 8, "block_n": 64, "stages": 2, "warp_m_tiles": 2}
+    fam = {"num_warps": 4, "block_n": 32, "stages": 2}
+    row = lambda cfg: {"kernels": {"varlen_prefill": [{"head_dim": 64, "window_class": "full", "config": cfg}]}}
+    try:
+        p = tables.write("tuning", "gfx950", row(h200), "test", "AMD Instinct MI355X", tmp_path)
+        assert p.name == "tuning_gfx950_mi355x.json"
+        assert tuning.apply("gfx950", "AMD Instinct MI355X") == {(64, "full"): prefill.Config(8, 64, 2, 2)}
+        assert tuning.apply("gfx950", "AMD Instinct MI350X") == {} and tuning.apply("gfx950") == {}
+        assert tables.write("tuning", "gfx950", row(fam), "test", "AMD Instinct MI350X", tmp_path,
+                            family=True).name == "tuning_gfx950.json"
+        assert tuning.apply("gfx950", "AMD Instinct MI350X") == {(64, "full"): prefill.Config(4, 32, 2)}
+        assert tuning.apply("gfx950", "AMD Instinct MI355X") == {(64, "full"): prefill.Config(8, 64, 2, 2)}
+        assert tables.load("tuning", "gfx950", "AMD Instinct MI355X")["produced_by"]["device"] == "AMD Instinct MI355X"
+    finally:
+        monkeypatch.delenv("ATOM_TABLES_DIR")
+        tables.clear_cache()
+        tuning.apply("gfx950")
 
 
 def test_schema_mismatch_and_bad_tables_are_ignored(monkeypatch, tmp_path, caplog):
@@ -385,8 +417,10 @@ def test_cost_table_of_other_kernels_is_not_used(monkeypatch, tmp_path, caplog):
 
     monkeypatch.setenv("ATOM_TABLES_DIR", str(tmp_path))
     try:
-        tables.write("cost", "gfx950", {**table(), "kernels": tables.kernel_fingerprint()}, "test", "none", tmp_path)
-        tables.write("cost", "gfx1250", {**table(), "kernels": "0123456789abcdef"}, "test", "none", tmp_path)
+        tables.write("cost", "gfx950", {**table(), "kernels": tables.kernel_fingerprint()}, "test", "none", tmp_path,
+                     family=True)
+        tables.write("cost", "gfx1250", {**table(), "kernels": "0123456789abcdef"}, "test", "none", tmp_path,
+                     family=True)
         assert tables.cost_model("gfx950") is not None
         assert tables.cost_model("gfx1250") is None and "measured on other kernels" in caplog.text
     finally:

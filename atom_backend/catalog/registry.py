@@ -196,16 +196,17 @@ def path_caps(arch: str) -> dict[str, PathCaps]:
 
 
 def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, splitkv_kernel: bool = True,
-                 cost=None, use_tables: bool = True):
+                 cost=None, use_tables: bool = True, device: str = ""):
     """A planner Platform whose capabilities are this registry's answers for `arch` (and, with
-    use_tables, whose cost model is the arch's calibration table when one exists)."""
+    use_tables, whose cost model is the calibration table of `device`, its name, or else of the
+    arch family, when one exists)."""
     from atom_backend.planning import Platform
 
     caps = path_caps(rules.compile_target(arch))
     if cost is None and use_tables:
         from atom_backend.catalog import tables
 
-        cost = tables.cost_model(arch)
+        cost = tables.cost_model(arch, device)
     target = rules.compile_target(arch)
     prefill = _modules().get("prefill")  # none: no FP8 prefill either, nothing to limit
     return Platform(vendor="amd" if arch.startswith("gfx") else "nvidia", arch=target,

@@ -2,7 +2,11 @@
 
 Where: ``atom_backend/catalog/tables/`` (package data), after ``$ATOM_TABLES_DIR`` when set (a
 directory searched first: tables from a fresh ``bench.tune`` / ``bench.calibrate`` run, tried
-before they are committed). Key: the arch family (``rules.arch_family``: sm_90a -> sm_90).
+before they are committed). Key: the device, then the arch family. Cards of one family differ in
+what decides a route (an H200 streams 1.4x an H100's bytes with the same SMs), so a table
+measured on one card is ``<kind>_<family>_<device>.json`` (``device_key``: "NVIDIA H200" ->
+h200) and is read on that card only; ``<kind>_<family>.json`` (``rules.arch_family``: sm_90a ->
+sm_90) serves the family's other cards.
 
 Every table carries ``schema`` (this version reads ``SCHEMAS[kind]``), ``arch`` and ``produced_by``
 (command, date, device, software). A missing table, another schema or a table that does not
@@ -135,26 +139,44 @@ def search_dirs() -> list[Path]:
     return ([Path(env)] if env else []) + [PACKAGE_DIR]
 
 
-def table_path(kind: str, arch: str) -> Path | None:
-    """The file a table of `kind` for `arch` is read from, or None when there is none."""
+_VENDOR_WORDS = {"nvidia", "amd", "instinct", "radeon", "geforce", "tesla"}
+
+
+def device_key(name: str) -> str:
+    """A device name as a table key: lower case, vendor words dropped, other runs of letters and
+    digits joined by "_" ("NVIDIA H100 80GB HBM3" -> h100_80gb_hbm3, "AMD Instinct MI300X" ->
+    mi300x); "" for no name."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return "_".join(w for w in words if w not in _VENDOR_WORDS)
+
+
+def table_name(kind: str, arch: str, device: str = "") -> str:
+    key = device_key(device)
+    return f"{kind}_{arch_family(arch)}{'_' + key if key else ''}.json"
+
+
+def table_path(kind: str, arch: str, device: str = "") -> Path | None:
+    """The file a table of `kind` for `arch` on `device` (its name; "" for none) is read from:
+    the device's own table, else the family's, in each search dir; None when there is none."""
     if kind not in KINDS:
         raise ValueError(f"table kind {kind!r} is not one of {KINDS}")
-    name = f"{kind}_{arch_family(arch)}.json"
-    for d in search_dirs():
-        p = d / name
-        if p.is_file():
-            return p
+    names = [table_name(kind, arch, device)] + ([table_name(kind, arch)] if device_key(device) else [])
+    for name in names:
+        for d in search_dirs():
+            p = d / name
+            if p.is_file():
+                return p
     return None
 
 
-def load(kind: str, arch: str) -> dict | None:
+def load(kind: str, arch: str, device: str = "") -> dict | None:
     """The parsed table, or None (no table, unreadable, or another schema: logged)."""
-    return _load_cached(kind, arch_family(arch), tuple(str(d) for d in search_dirs()))
+    return _load_cached(kind, arch_family(arch), device_key(device), tuple(str(d) for d in search_dirs()))
 
 
 @functools.lru_cache(maxsize=None)
-def _load_cached(kind: str, family: str, _dirs: tuple) -> dict | None:
-    p = table_path(kind, family)
+def _load_cached(kind: str, family: str, device: str, _dirs: tuple) -> dict | None:
+    p = table_path(kind, family, device)
     if p is None:
         return None
     try:
@@ -170,14 +192,15 @@ def _load_cached(kind: str, family: str, _dirs: tuple) -> dict | None:
     return data
 
 
-def cost_model(arch: str):
-    """The arch's CostModel, or None (the planner then routes by thresholds)."""
-    return _cost_cached(arch_family(arch), tuple(str(d) for d in search_dirs()))
+def cost_model(arch: str, device: str = ""):
+    """The CostModel of `device` (its name) or else of the arch family, or None (the planner then
+    routes by thresholds)."""
+    return _cost_cached(arch_family(arch), device_key(device), tuple(str(d) for d in search_dirs()))
 
 
 @functools.lru_cache(maxsize=None)
-def _cost_cached(family: str, _dirs: tuple):
-    data = load("cost", family)
+def _cost_cached(family: str, device: str, _dirs: tuple):
+    data = load("cost", family, device)
     if data is None:
         return None
     if not kernel_fingerprint() or data.get("kernels") != kernel_fingerprint():
@@ -194,8 +217,8 @@ def _cost_cached(family: str, _dirs: tuple):
         return None
 
 
-def tuning_table(arch: str) -> dict | None:
-    return load("tuning", arch)
+def tuning_table(arch: str, device: str = "") -> dict | None:
+    return load("tuning", arch, device)
 
 
 def clear_cache() -> None:
@@ -215,13 +238,16 @@ def produced_by(command: str, device: str = "", **extra) -> dict:
     return info
 
 
-def write(kind: str, arch: str, body: dict, command: str, device: str, out_dir: str | Path | None = None) -> Path:
-    """Write a table (schema, kind, arch, produced_by + body) and return its path."""
+def write(kind: str, arch: str, body: dict, command: str, device: str, out_dir: str | Path | None = None,
+          family: bool = False) -> Path:
+    """Write a table (schema, kind, arch, produced_by + body) measured on `device` (its name) and
+    return its path: the device's own table, or with `family` the arch family's (what the
+    family's cards without a table of their own read)."""
     out = Path(out_dir) if out_dir else PACKAGE_DIR
     out.mkdir(parents=True, exist_ok=True)
     data = {"schema": SCHEMAS[kind], "kind": kind, "arch": arch_family(arch),
             "produced_by": produced_by(command, device), **body}
-    p = out / f"{kind}_{arch_family(arch)}.json"
+    p = out / table_name(kind, arch, "" if family else device)
     tmp = p.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, p)

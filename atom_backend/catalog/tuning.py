@@ -60,14 +60,14 @@ def config_to_dict(cfg) -> dict:
     return {**{k: getattr(cfg, k) for k in CONFIG_FIELDS}, "wgmma": bool(cfg.wgmma)}
 
 
-def apply(arch: str) -> dict:
-    """Make `arch`'s tuned tiles current for launches on it; returns {(head_dim, class): Config} that
-    differ from the defaults (empty without a table). A row the kernel would reject is logged and
-    its default kept."""
+def apply(arch: str, device: str = "") -> dict:
+    """Make the tuned tiles of `device` (its name; else the arch family's) current for launches on
+    `arch`; returns {(head_dim, class): Config} that differ from the defaults (empty without a
+    table). A row the kernel would reject is logged and its default kept."""
     p = _prefill()
     base = defaults()
     changed: dict = {}
-    table = tables.tuning_table(arch)
+    table = tables.tuning_table(arch, device)
     tuned = {"portable": p.PORTABLE_TILES, "hopper": p.HOPPER_TILES}
     for row in (table or {}).get("kernels", {}).get("varlen_prefill", []):
         try:

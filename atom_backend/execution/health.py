@@ -127,9 +127,9 @@ def detect_platform(device: torch.device) -> Platform:
     try:
         from atom_backend.catalog import registry, tuning
 
-        tuning.apply(arch)
+        tuning.apply(arch, props.name)
         return registry.platform_for(arch, num_sms=props.multi_processor_count, varlen_kernel=varlen_ok,
-                                     splitkv_kernel=splitkv_ok)
+                                     splitkv_kernel=splitkv_ok, device=props.name)
     except ImportError as e:  # kernel modules missing: every request on the Triton path
         _fallback(Reason.NO_KERNEL.value, "varlen+splitkv", f"{type(e).__name__}: {e}")
         return Platform(vendor="amd" if runtime.is_amd_arch(arch) else "nvidia", arch=arch,
