@@ -33,7 +33,9 @@ PAGE = 16
 FULL_GRID = {"new": [16, 64, 256, 1024, 4096, 16384], "cached": [0, 1024, 4096, 16384, 32768]}
 QUICK_GRID = {"new": [64, 1024, 8192], "cached": [0, 4096, 32768]}
 # (num_q_heads, num_kv_heads, head_dim, window): gpt-oss (full and sliding layers), Llama-style.
-FULL_SHAPES = [(64, 8, 64, 0), (64, 8, 64, 128), (32, 8, 128, 0)]
+# whole models (gpt-oss, Llama-3-8B) and one tensor-parallel rank of gpt-oss-120b / Llama-3-70B at
+# TP 8 (8 / 1): the cost model takes the calibrated shape nearest a layer's head counts
+FULL_SHAPES = [(64, 8, 64, 0), (64, 8, 64, 128), (32, 8, 128, 0), (8, 1, 64, 0), (8, 1, 64, 128), (8, 1, 128, 0)]
 QUICK_SHAPES = [(64, 8, 64, 0)]
 
 

@@ -3,8 +3,9 @@ builder and executors with three routings, and compare total attention time per 
 
     PYTHONPATH=. python -m bench.trace [--quick] [--json PATH] [--batches N]
 
-Model: gpt-oss-like (64 q / 8 kv heads, head dim 64, sinks, bf16 KV, page 16), two layers per
-step: one full attention, one sliding window of 128 (gpt-oss alternates them). Routings:
+Model: gpt-oss-like (64 q / 8 kv heads, head dim 64, sinks, bf16 KV, page 16; `--heads 8/1` or
+16/2 for a tensor-parallel rank at TP 8 or 4), two layers per step: one full attention, one
+sliding window of 128 (gpt-oss alternates them). Routings:
 - cost:    the planner with this arch's cost table (threshold rules when there is none),
 - varlen:  ATOM_FORCE_PATH=varlen (every prefill gathered + varlen kernel),
 - unified: ATOM_FORCE_PATH=unified (every prefill on the Triton path over the pages).
@@ -97,7 +98,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", action="store_true",
                     help="also report per mode the host time to enqueue one step and the kernels' device time")
+    ap.add_argument("--heads", default=f"{HQ}/{HK}", help="query / kv heads of one rank, e.g. 8/1 (gpt-oss-120b at TP 8)")
     args = ap.parse_args(argv)
+    global HQ, HK
+    HQ, HK = (int(x) for x in args.heads.split("/"))
     os.environ.setdefault("ATOM_METRICS", "0")
     from bench import _vllm
 
