@@ -149,9 +149,11 @@ def test_env_overrides_and_bad_values():
         cost_routing=False)
     with pytest.raises(PlanError, match="ATOM_DETERMINISTIC_DECODE"):
         PlannerConfig.from_env({"ATOM_DETERMINISTIC_DECODE": "sometimes"})
-    for name in ("ATOM_LONG_SPLIT_TOKENS", "ATOM_MIN_SPLIT_TOKENS", "ATOM_MAX_SPLITS"):
+    for name in ("ATOM_LONG_SPLIT_TOKENS", "ATOM_MIN_SPLIT_TOKENS"):
         with pytest.raises(PlanError, match=name):
             PlannerConfig.from_env({name: "0"})
+    with pytest.raises(PlanError, match="ATOM_MAX_SPLITS"):
+        PlannerConfig.from_env({"ATOM_MAX_SPLITS": "-1"})
     with pytest.raises(PlanError, match="ATOM_FORCE_PATH"):
         PlannerConfig.from_env({"ATOM_FORCE_PATH": "fast"})
     with pytest.raises(PlanError, match="not an integer"):
@@ -243,6 +245,22 @@ def test_decode_splits_fill_the_sms(batch, ctx, kv, want):
     resident = platform.decode_ctas_per_sm_fp8 if fp8 else platform.decode_ctas_per_sm
     waves = batch * 8 * s / (132 * resident)
     assert waves <= 1 or waves / math.ceil(waves) >= 0.95  # one wave, or whole ones
+
+
+@pytest.mark.parametrize("hk, kv, want", [
+    (8, "bf16", 32),       # whole-model Llama: as above
+    (1, "bf16", 131),      # 8 / 1 (TP 8): the fill target, one CTA per SM, past the 64 of 8 kv heads
+    (2, "bf16", 126),      # 16 / 2 (TP 4): 65 fill-target splits of 2k keys grow to a whole wave (252 of 264)
+    (1, "fp8_e4m3", 512),  # FP8: four CTAs per SM, up to 512 CTAs a request
+])
+def test_one_kv_head_takes_more_splits(hk, kv, want):
+    """A rank with few kv heads has few CTAs per split: the split bound is 512 CTAs a request, not
+    64 splits, so one long request still fills the SMs (1 x 128k)."""
+    fp8 = kv.startswith("fp8")
+    facts = ModelFacts(num_q_heads=8 * hk, num_kv_heads=hk, head_dim=128, kv_dtype=kv,
+                       kv_scale_mode="per_tensor" if fp8 else "none")
+    assert decode_splits(1, 131072, facts, Platform(num_sms=132), PlannerConfig()) == want
+    assert decode_splits(1, 131072, facts, Platform(num_sms=132), PlannerConfig(max_splits=16)) == 16
 
 
 def test_request_split_tokens_grow_with_the_batch_up_to_min_split_tokens():

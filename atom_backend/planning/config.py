@@ -39,7 +39,9 @@ class PlannerConfig:
     decode_max_query_tokens: int = 1  # ATOM_DECODE_MAX_QUERY_TOKENS (<= 8: speculative decode)
     varlen_min_new_tokens: int = 8  # ATOM_VARLEN_MIN_NEW_TOKENS: shorter prefills go unified
     max_gather_ratio: int = 64  # ATOM_MAX_GATHER_RATIO: cached/new above this goes unified
-    max_splits: int = 64  # ATOM_MAX_SPLITS: cap (one FP8 request of 128k fills its 4 CTAs per SM at 64)
+    # ATOM_MAX_SPLITS: cap; 0 (default): 512 CTAs per request, 64 splits at 8 kv heads, 512 at one
+    # (splits.split_bound)
+    max_splits: int = 0
     # ATOM_MIN_SPLIT_TOKENS: cap of m, the fewest keys per split (request_split_tokens: 64 x
     # isqrt(decode requests), at most this); a request of L keys takes at most L // m splits
     min_split_tokens: int = 256
@@ -66,8 +68,8 @@ class PlannerConfig:
             raise PlanError(f"ATOM_FORCE_PATH={self.force_path!r}: use varlen, unified or leave unset")
         if not 1 <= self.decode_max_query_tokens <= 8:
             raise PlanError("ATOM_DECODE_MAX_QUERY_TOKENS must be in 1..8")
-        if self.max_splits < 1 or self.min_split_tokens < 1 or self.long_split_tokens < 1:
-            raise PlanError("ATOM_MAX_SPLITS, ATOM_MIN_SPLIT_TOKENS and ATOM_LONG_SPLIT_TOKENS must be >= 1")
+        if self.max_splits < 0 or self.min_split_tokens < 1 or self.long_split_tokens < 1:
+            raise PlanError("ATOM_MIN_SPLIT_TOKENS and ATOM_LONG_SPLIT_TOKENS must be >= 1, ATOM_MAX_SPLITS >= 0")
         if not 1 <= self.wave_fill <= 100:
             raise PlanError("ATOM_DECODE_WAVE_FILL must be in 1..100 (percent)")
         if self.fp8_compute_max_keys is not None and self.fp8_compute_max_keys < 0:
@@ -85,7 +87,7 @@ class PlannerConfig:
             decode_max_query_tokens=_env_int(env, "ATOM_DECODE_MAX_QUERY_TOKENS", 1),
             varlen_min_new_tokens=_env_int(env, "ATOM_VARLEN_MIN_NEW_TOKENS", 8),
             max_gather_ratio=_env_int(env, "ATOM_MAX_GATHER_RATIO", 64),
-            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 64),
+            max_splits=_env_int(env, "ATOM_MAX_SPLITS", 0),
             min_split_tokens=_env_int(env, "ATOM_MIN_SPLIT_TOKENS", 256),
             long_split_tokens=_env_int(env, "ATOM_LONG_SPLIT_TOKENS", 1024),
             wave_fill=_env_int(env, "ATOM_DECODE_WAVE_FILL", 95),

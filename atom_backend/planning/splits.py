@@ -105,7 +105,7 @@ def decode_splits(
     rule: SplitRule | None = None,
 ) -> int:
     """The launch's splits S: request_splits of the batch's longest request under the batch's
-    SplitRule, at most `max_splits`. H100, 110 shapes of 1-96 requests x 512-128k keys
+    SplitRule, at most `split_bound`. H100, 110 shapes of 1-96 requests x 512-128k keys
     (docs/perf/decode.md, 2026-11-24, "split counts from a sweep"): +0.54% (bf16) and +0.99%
     (FP8) over the best measured split count, geomean; +5.8% and +13.9% at worst. One count for
     the whole batch keeps the grid and the workspace shape fixed (CUDA graphs); each request then
@@ -115,7 +115,22 @@ def decode_splits(
         return 1
     if facts.window > 0:  # the split kernels divide the window's keys; sink tokens are not split
         max_context = min(max_context, facts.window + config.decode_max_query_tokens - 1)
-    return request_splits(max_context, config.max_splits, rule or decode_split_rule(num_decodes, facts, platform, config))
+    rule = rule or decode_split_rule(num_decodes, facts, platform, config)
+    return request_splits(max_context, split_bound(facts, config), rule)
+
+
+# The default bound on one request's CTAs: 64 splits over 8 kv heads, where one FP8 request of 128k
+# fills its four CTAs per SM (H100).
+MAX_REQUEST_CTAS = 512
+
+
+def split_bound(facts: ModelFacts, config: PlannerConfig) -> int:
+    """The most splits a launch may have: ``max_splits`` when set; else as many as keep one
+    request within MAX_REQUEST_CTAS CTAs (64 at 8 kv heads). The bound is on CTAs, not splits: a
+    tensor-parallel rank with one kv head (8 / 1 at TP 8) has an eighth of the CTAs per split, and
+    only more splits keep every SM busy on a long request (its query rows, one kv head's group,
+    already share a CTA)."""
+    return config.max_splits or max(1, MAX_REQUEST_CTAS // facts.num_kv_heads)
 
 
 def split_ranges(sk: int, num_splits: int, split_rule=()) -> list[tuple[int, int]]:
