@@ -13,6 +13,11 @@ Measured, in one process:
   and the first request of the batch alone, from a CUDA graph (its latency: a request that
   cannot fill the GPU takes that long whatever its marginal cost).
 
+- whether the split-KV decode kernel's balanced slices pay on this device: three decode shapes
+  that fill the GPU (32 / 8 heads, d 128, bf16, pages shuffled) at the planner's split counts,
+  balanced by the kernel's rule against fixed ranges; the table's "decode" entry says
+  ``balanced: false`` where balancing is slower (geomean), and the backend then keeps fixed ranges.
+
 --quick: one shape, a 3 x 3 grid (GPU smoke test). A full run takes about 2 minutes on H100.
 """
 
@@ -155,6 +160,34 @@ def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, f
             "shape": [hq, hk, d]}
 
 
+DECODE_SHAPES = ((8, 32768), (1, 131072), (16, 8192))
+
+
+def decode_balance() -> dict:
+    """{"balanced": pays, "ratio": geomean balanced / fixed time, "rows": per shape}."""
+    from atom_backend.planning import PlannerConfig, decode_splits
+    from bench import decode as bd
+
+    bd.set_heads(32, 8, 128)
+    platform = bd.platform_here()
+    rows, logs = [], []
+    for b, ctx in DECODE_SHAPES:
+        c = bd.build(b, ctx, "bf16")
+        splits = decode_splits(b, ctx, bd.facts_for("bf16"), platform, PlannerConfig())
+        t = {}
+        for mode, balanced in (("balanced", None), ("fixed", False)):
+            bd.BALANCED = balanced  # read when the step is captured
+            t[mode] = bd.bench_ms(bd.run_ours(c, splits)) * 1e3
+        bd.BALANCED = None
+        rows.append({"batch": b, "ctx": ctx, "splits": splits, "balanced_us": round(t["balanced"], 1),
+                     "fixed_us": round(t["fixed"], 1)})
+        logs.append(math.log(t["balanced"] / t["fixed"]))
+        c.clear()
+        torch.cuda.empty_cache()
+    ratio = math.exp(sum(logs) / len(logs))
+    return {"balanced": ratio <= 0.99, "ratio": round(ratio, 4), "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one shape, 3 x 3 grid (smoke test)")
@@ -198,9 +231,13 @@ def main(argv=None) -> dict:
         rows.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
                      "varlen_us": tv, "unified_us": tu, "batch": bs,
                      "varlen_latency_us": lat_v, "unified_latency_us": lat_u})
+    decode = decode_balance()
+    print("decode: " + ", ".join(f"{r['batch']}x{r['ctx']} at {r['splits']} splits balanced {r['balanced_us']} us, "
+                                 f"fixed {r['fixed_us']} us" for r in decode["rows"])
+          + f": balanced slices {'pay' if decode['balanced'] else 'do not pay'} here", flush=True)
     body = {"kernels": tables.kernel_fingerprint(),
             "gather": {k: {"gbps": round(v, 1)} for k, v in gbps.items()}, "launch_us": launch, "grid": grid,
-            "shapes": rows,
+            "shapes": rows, "decode": decode,
             "seconds": round(time.perf_counter() - t0, 1)}
     cmd = "python -m bench.calibrate" + (" --quick" if args.quick else "")
     p = tables.write("cost", arch, body, cmd, device_name(), args.out, family=args.family)

@@ -233,3 +233,17 @@ def test_debug_log_records_both_predictions(caplog):
     assert msg and "request 0 (new=300, cached=5000) -> unified" in msg[0]
     assert "varlen" in msg[0] and "unified" in msg[0] and " us" in msg[0]
     del torch
+
+
+@pytest.mark.parametrize("entry, allowed", [(None, True), ({"balanced": True}, True), ({"balanced": False}, False)])
+def test_a_devices_decode_entry_says_whether_balanced_slices_are_used(entry, allowed):
+    """bench.calibrate's "decode" entry: balanced: false (slower on the device measured) keeps the
+    split kernel on fixed ranges; true or no entry leaves the kernel's own rule."""
+    t = table()
+    if entry is not None:
+        t["decode"] = {**entry, "ratio": 1.0, "rows": []}
+    p = platform(CostModel(t))
+    assert p.decode_balanced is allowed
+    assert registry.platform_for("sm_90a", use_tables=False).decode_balanced is True
+    with pytest.raises(ValueError, match="decode.balanced"):
+        CostModel({**table(), "decode": {"balanced": "sometimes"}})

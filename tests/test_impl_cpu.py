@@ -427,3 +427,19 @@ def test_per_page_scales_are_refused_by_the_builder():
     facts = ModelFacts(8, 2, 128, kv_dtype="fp8_e4m3", kv_scale_mode="per_page", page_size=BS)
     with pytest.raises(planner.PlanError, match="per-tensor KV scales"):
         _builder(facts)
+
+
+@pytest.mark.parametrize("device_balanced, deterministic, want", [
+    (True, False, None), (True, True, False), (False, False, False), (False, True, False)])
+def test_decode_balancing_follows_the_device_and_the_setting(device_balanced, deterministic, want):
+    """The split kernel balances where its rule says it pays (None) unless the device's table says
+    balancing is slower there, or ATOM_DETERMINISTIC_DECODE asks for fixed ranges (False)."""
+    from dataclasses import replace as dc_replace
+
+    from atom_backend.catalog import platform_for
+
+    case = Case([1, 1], [4000, 9000], hq=32, hk=8, d=128, dtype=torch.bfloat16)
+    platform = dc_replace(platform_for("sm_90a", use_tables=False), decode_balanced=device_balanced)
+    b = AtomMetadataBuilder.for_model(case.facts(), PlannerConfig(deterministic_decode=deterministic), "cpu",
+                                      platform)
+    assert b.build(0, case.common()).decode_balanced is want

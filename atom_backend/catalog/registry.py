@@ -212,7 +212,8 @@ def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, s
     return Platform(vendor="amd" if arch.startswith("gfx") else "nvidia", arch=target,
                     num_sms=num_sms, varlen_kernel=varlen_kernel, splitkv_kernel=splitkv_kernel,
                     varlen_caps=caps["varlen"], varlen_fp8_caps=caps["varlen_fp8"], splitkv_caps=caps["splitkv"],
-                    cost=cost, fp8_max_keys=prefill.fp8_accurate_keys(target) if prefill else 0)
+                    cost=cost, fp8_max_keys=prefill.fp8_accurate_keys(target) if prefill else 0,
+                    decode_balanced=getattr(cost, "decode_balanced", None) is not False)
 
 
 # --- selection -----------------------------------------------------------------------------

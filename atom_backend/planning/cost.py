@@ -115,6 +115,10 @@ class CostModel:
             raise ValueError(f"{source}: no calibrated shapes")
         self.has_latency = all(len(s.log_latency) == 2 for s in self.shapes)
         self._bound: dict = {}
+        # whether the split kernel's balanced slices pay on the device measured (None: not measured)
+        self.decode_balanced = table.get("decode", {}).get("balanced")
+        if self.decode_balanced not in (None, True, False):
+            raise ValueError(f"{source}: decode.balanced must be true, false or absent, got {self.decode_balanced!r}")
 
     # -- choosing the calibrated shape and interpolating its rate ---------------------------
     def shape_for(self, facts, window: int) -> _Shape:

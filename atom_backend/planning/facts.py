@@ -128,6 +128,10 @@ class Platform:
     # counts from a sweep").
     decode_fill_per_sm: int = 1
     decode_fill_per_sm_fp8: int = 4
+    # The split kernel's balanced slices (16-bit KV: a request's splits claim its keys at run time)
+    # where its rule says they pay (hip_kernels.decode.balance_pays, measured on an H100); False on
+    # a device where bench.calibrate measured them slower (its table's "decode" entry).
+    decode_balanced: bool = True
 
 
 def reduce_layer_windows(windows) -> tuple:

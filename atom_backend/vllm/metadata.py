@@ -353,7 +353,7 @@ class AtomMetadataBuilder(AttentionMetadataBuilder[AtomMetadata]):
             varlen=self._route(cm, p.varlen, Path.VARLEN.value, qsl, new, total, varlen=True, fp8=p.varlen_fp8),
             unified=self._route(cm, p.unified, Path.UNIFIED.value, qsl, new, total),
             slot_mapping=cm.slot_mapping, on_cpu=self.on_cpu, decode_kernel=decode_kernel,
-            decode_balanced=False if self.config.deterministic_decode else None,
+            decode_balanced=None if self.platform.decode_balanced and not self.config.deterministic_decode else False,
             split_rule=p.split_rule,
         )
         self._count(p, new, cached)
