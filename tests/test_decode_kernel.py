@@ -343,6 +343,31 @@ def test_split_rule_full_decode(name, num_splits, balanced):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("impl")
+@pytest.mark.parametrize("kv", ["16", "fp8_page"])
+def test_one_kv_head_at_the_planners_split_count(kv):
+    """A tensor-parallel rank with one kv head (8 / 1): the planner gives one long request
+    hundreds of splits (its bound is 512 CTAs a request, planning.split_bound), each with its own
+    rule, and a short request beside it few; answers and lse against the reference."""
+    from atom_backend.planning import ModelFacts, Platform, PlannerConfig, decode_split_rule, decode_splits
+
+    batch = make_batch([(1, 60000), (1, 700)], 8, 1, 128, 16, kv=kv, seed=21)
+    fp8 = kv != "16"
+    facts = ModelFacts(8, 1, 128, kv_dtype="fp8_e4m3" if fp8 else "bf16",
+                       kv_scale_mode="per_page" if fp8 else "none")
+    platform = Platform(num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    rule = tuple(decode_split_rule(2, facts, platform, PlannerConfig()))
+    splits = decode_splits(2, 60000, facts, platform, PlannerConfig(), rule)
+    assert splits > 64, splits  # more than a whole model's bound
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(4)).cuda()
+    o_ref, lse_ref = reference(batch, sinks=sinks.cpu())
+    out, lse = run_decode(batch, splits, sinks=sinks, split_rule=rule)
+    assert counters_zero(), "the kernel must leave its counters at zero"
+    assert_close(out.float().cpu(), o_ref, batch["q"].dtype, f"8/1 {kv} out at {splits} splits")
+    assert_lse_close(lse.cpu(), lse_ref, batch["q"].dtype, f"8/1 {kv} lse")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("impl")
 @pytest.mark.parametrize("name", ["sq1_gqa4", "sinks", "all_features", "fp8_per_page_transitions", "empty_seq",
                                   "spec8_gqa8_row_blocks", "sglang_page1"])
 @pytest.mark.parametrize("num_splits", [1, 5])
