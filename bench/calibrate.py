@@ -1,7 +1,8 @@
-"""`python -m bench.calibrate`: measure the prefill cost model's inputs on this GPU and write
-``atom_backend/catalog/tables/cost_<arch>.json`` (atom_backend/planning/cost.py reads it).
+"""`python -m bench.calibrate`: measure the cost model's inputs on this GPU and write this device's
+table, ``atom_backend/catalog/tables/cost_<family>_<device>.json`` (``--family``: the family's,
+``cost_<family>.json``); atom_backend/planning/cost.py and decode_cost.py read it.
 
-    PYTHONPATH=. python -m bench.calibrate [--quick] [--out DIR]
+    PYTHONPATH=. python -m bench.calibrate [--quick] [--out DIR] [--family]
 
 Measured, in one process:
 - gather bandwidth: hip gather of a paged cache into packed K/V (16-bit copy and fp8 dequant),
@@ -16,7 +17,9 @@ Measured, in one process:
 - whether the split-KV decode kernel's balanced slices pay on this device: three decode shapes
   that fill the GPU (32 / 8 heads, d 128, bf16, pages shuffled) at the planner's split counts,
   balanced by the kernel's rule against fixed ranges; the table's "decode" entry says
-  ``balanced: false`` where balancing is slower (geomean), and the backend then keeps fixed ranges.
+  ``balanced: false`` where balancing is slower (geomean), and the backend then keeps fixed ranges;
+- decode routing: the split-KV kernel and the Triton path at the planner's split count over a
+  grid of (requests, context) per shape (DECODE_GRID, DECODE_ROUTE_SHAPES).
 
 --quick: one shape, a 3 x 3 grid (GPU smoke test). A full run takes about 2 minutes on H100.
 """
@@ -24,6 +27,7 @@ Measured, in one process:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -161,6 +165,10 @@ def launch_us(hq: int, hk: int, d: int, sinks: torch.Tensor, gen) -> dict[str, f
 
 
 DECODE_SHAPES = ((8, 32768), (1, 131072), (16, 8192))
+# The decode routing grid (planning/decode_cost.py): requests x context, and the shapes (query
+# heads, kv heads, head dim, window) of gpt-oss's two layer kinds, Llama-3-8B and a TP-8 rank.
+DECODE_GRID = {"batch": [1, 8, 64], "ctx": [4096, 32768, 131072]}
+DECODE_ROUTE_SHAPES = [(32, 8, 128, 0), (64, 8, 64, 0), (64, 8, 64, 128), (8, 1, 128, 0)]
 
 
 def decode_balance() -> dict:
@@ -186,6 +194,50 @@ def decode_balance() -> dict:
         torch.cuda.empty_cache()
     ratio = math.exp(sum(logs) / len(logs))
     return {"balanced": ratio <= 0.99, "ratio": round(ratio, 4), "rows": rows}
+
+
+def decode_paths(balanced: bool, quick: bool = False) -> dict:
+    """The split kernel and the Triton path per (requests, context) of DECODE_GRID, at the
+    planner's split count and rule (bf16, pages shuffled, sinks on the d 64 shapes): the
+    "decode" entry's grid and shapes."""
+    import dataclasses
+
+    from atom_backend import unified
+    from atom_backend.planning import PlannerConfig, decode_split_rule, decode_splits
+    from bench import decode as bd
+    from hip_kernels import decode as hd
+
+    grid = {"batch": DECODE_GRID["batch"][:2], "ctx": DECODE_GRID["ctx"][:2]} if quick else DECODE_GRID
+    shapes = []
+    for hq, hk, d, w in DECODE_ROUTE_SHAPES[:1] if quick else DECODE_ROUTE_SHAPES:
+        bd.set_heads(hq, hk, d)
+        facts = dataclasses.replace(bd.facts_for("bf16"), window=w, has_sinks=d == 64)
+        platform = bd.platform_here()
+        sinks = torch.randn(hq, dtype=torch.float32, device="cuda") if d == 64 else None
+        t = {"splitkv": [], "unified": []}
+        for b in grid["batch"]:
+            for path in t:
+                t[path].append([])
+            for ctx in grid["ctx"]:
+                c = bd.build(b, ctx, "bf16")
+                splits = decode_splits(b, ctx, facts, platform, PlannerConfig())
+                rule = tuple(decode_split_rule(b, facts, platform, PlannerConfig()))
+                out = torch.empty_like(c["q"])
+                ws = torch.empty(hd.workspace_elems(splits, b, hq, d), dtype=torch.float32, device="cuda")
+                kw = dict(num_splits=splits, split_rule=rule, window=w, sinks=sinks, out=out, workspace=ws)
+                args = (c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"])
+                ours = functools.partial(hd.splitkv_decode, *args, max_query_len=1, balanced=None if balanced else False,
+                                         **kw)
+                triton = functools.partial(unified.paged_decode, *args, max_seqlen_q=1, max_seqlen_k=ctx, **kw)
+                t["splitkv"][-1].append(round(bd.bench_ms(ours) * 1e3, 2))
+                t["unified"][-1].append(round(bd.bench_ms(triton) * 1e3, 2))
+                c.clear()
+                torch.cuda.empty_cache()
+        print(f"decode {hq}/{hk} d{d} window {w}: split-KV us {t['splitkv']}, Triton us {t['unified']}", flush=True)
+        shapes.append({"num_q_heads": hq, "num_kv_heads": hk, "head_dim": d, "window": w, "dtype": "bf16",
+                       "splitkv_us": t["splitkv"], "unified_us": t["unified"]})
+    bd.set_heads(32, 8, 128)
+    return {"grid": grid, "shapes": shapes}
 
 
 def main(argv=None) -> dict:
@@ -232,6 +284,7 @@ def main(argv=None) -> dict:
                      "varlen_us": tv, "unified_us": tu, "batch": bs,
                      "varlen_latency_us": lat_v, "unified_latency_us": lat_u})
     decode = decode_balance()
+    decode.update(decode_paths(decode["balanced"], quick=args.quick))
     print("decode: " + ", ".join(f"{r['batch']}x{r['ctx']} at {r['splits']} splits balanced {r['balanced_us']} us, "
                                  f"fixed {r['fixed_us']} us" for r in decode["rows"])
           + f": balanced slices {'pay' if decode['balanced'] else 'do not pay'} here", flush=True)

@@ -247,3 +247,44 @@ def test_a_devices_decode_entry_says_whether_balanced_slices_are_used(entry, all
     assert registry.platform_for("sm_90a", use_tables=False).decode_balanced is True
     with pytest.raises(ValueError, match="decode.balanced"):
         CostModel({**table(), "decode": {"balanced": "sometimes"}})
+
+
+def decode_entry(unified_faster_from_ctx=None, batch=(1, 8, 64), ctx=(4096, 32768, 131072), hk=8):
+    """A decode grid where the Triton path takes 0.8x the split kernel's time from that context on
+    (never: None), 1.2x below it."""
+    ts = [[10.0 * b * c / 4096 for c in ctx] for b in batch]
+    tu = [[t * (0.8 if unified_faster_from_ctx and c >= unified_faster_from_ctx else 1.2) for t, c in zip(row, ctx)]
+          for row in ts]
+    return {"grid": {"batch": list(batch), "ctx": list(ctx)},
+            "shapes": [{"num_q_heads": 8 * hk, "num_kv_heads": hk, "head_dim": 64, "window": 0,
+                        "splitkv_us": ts, "unified_us": tu}]}
+
+
+@pytest.mark.parametrize("ctx, want", [(4096, "splitkv"), (32768, "splitkv"), (131072, "unified"), (500000, "unified")])
+def test_decode_goes_to_the_path_measured_faster_on_the_device(ctx, want):
+    """With a decode grid the planner sends a decode batch to the Triton path where it was
+    measured faster (reason cost), else to the split kernel (preferred); without one, always
+    the split kernel."""
+    p = platform(CostModel({**table(), "decode": decode_entry(unified_faster_from_ctx=131072)}))
+    plan_ = plan([1] * 4, [ctx - 1] * 4, FACTS, p, PlannerConfig())
+    assert plan_.decode_path.value == want
+    assert plan_.decode_reason == (Reason.COST if want == "unified" else Reason.PREFERRED)
+    assert plan([1] * 4, [ctx - 1] * 4, FACTS, platform(CostModel(table())), PlannerConfig()).decode_path.value == "splitkv"
+    assert plan([1] * 4, [ctx - 1] * 4, FACTS, p, PlannerConfig(cost_routing=False)).decode_path.value == "splitkv"
+
+
+def test_decode_grid_is_interpolated_and_checked():
+    from atom_backend.planning.decode_cost import DecodeCost
+
+    d = DecodeCost(decode_entry())
+    ts, tu = d.predict(FACTS, 8, 32768)
+    assert ts == pytest.approx(10.0 * 8 * 8) and tu == pytest.approx(1.2 * ts)
+    ts_mid, _ = d.predict(FACTS, 8, 65536)  # halfway in log space between 32k and 128k: the geometric mean
+    assert ts_mid == pytest.approx(10.0 * 8 * 8 * 2 ** 1.0, rel=1e-6)
+    assert d.predict(FACTS, 1000, 10**7)[0] == pytest.approx(10.0 * 64 * 32)  # the edge holds outside
+    bad = decode_entry()
+    bad["shapes"][0]["unified_us"][0][0] = 0.0
+    with pytest.raises(ValueError, match="unified_us must be positive"):
+        DecodeCost(bad)
+    with pytest.raises(ValueError, match="increasing"):
+        DecodeCost({**decode_entry(), "grid": {"batch": [8, 1], "ctx": [4096, 8192]}})

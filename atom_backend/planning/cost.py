@@ -40,6 +40,8 @@ import math
 
 import numpy as np
 
+from .decode_cost import DecodeCost
+
 SCHEMA = 1
 _STEPS = 16  # grid points per octave of the bound tables
 _MAX_LOG_NEW = 21  # 2M new tokens
@@ -116,9 +118,12 @@ class CostModel:
         self.has_latency = all(len(s.log_latency) == 2 for s in self.shapes)
         self._bound: dict = {}
         # whether the split kernel's balanced slices pay on the device measured (None: not measured)
-        self.decode_balanced = table.get("decode", {}).get("balanced")
+        dec = table.get("decode", {})
+        self.decode_balanced = dec.get("balanced")
         if self.decode_balanced not in (None, True, False):
             raise ValueError(f"{source}: decode.balanced must be true, false or absent, got {self.decode_balanced!r}")
+        # the compiled split-KV kernel against the Triton path (None: not measured: split-KV)
+        self.decode = DecodeCost(dec, source) if "grid" in dec else None
 
     # -- choosing the calibrated shape and interpolating its rate ---------------------------
     def shape_for(self, facts, window: int) -> _Shape:

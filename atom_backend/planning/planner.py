@@ -250,6 +250,10 @@ def plan(
     else:
         max_ctx = decode_tokens = 0
         decode_reason = None
+    decode_cost = getattr(cost, "decode", None)
+    if (decode_reason is None and n_dec and decode_cost is not None and not config.force_path
+            and decode_cost.unified_faster(facts, n_dec, max_ctx)):
+        decode_reason = Reason.COST  # the Triton path, measured faster on this device for this batch
     split_rule = decode_split_rule(n_dec, facts, platform, config) if n_dec else SplitRule()
     fp8_reason = model_fp8_compute_reason(facts, platform, config) if len(varlen) else Reason.KV_16BIT
     keys = new[varlen] + cached[varlen] if fp8_reason is None else None
