@@ -330,11 +330,13 @@ def unified_attn_kernel(
             tl.store(lse_ptr + tok64 * num_q_heads + head, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=("total_q",))
+# The split count is a run-time value (its power-of-two pad is the constexpr): a batch's count
+# follows its length and size, and one compile per count would land inside serving.
+@triton.jit(do_not_specialize=("total_q", "num_splits"))
 def combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, sinks_ptr,
-    total_q, num_q_heads, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    total_q, num_q_heads, stride_ot, stride_oh, num_splits,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
     """docs/design.md's combine for one (token, head): -inf splits weigh 0; sinks once, after."""
@@ -342,7 +344,7 @@ def combine_kernel(
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_PAD)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     row = (offs_s * total_q + t) * num_q_heads + h
     lse_s = tl.load(lse_part_ptr + row, mask=s_ok, other=float("-inf"))
     m = tl.max(lse_s, 0)

@@ -339,8 +339,8 @@ def paged_decode(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, ma
                 out_ptr=o_p, lse_ptr=l_p, stride_ot=0, stride_oh=0, **rule,
                 SPLIT=True, RETURN_LSE=False)
         L.kern.combine_kernel[(total_q, hq)](
-            o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_PAD=max(2, next_pow2(num_splits)), HEAD_DIM=d,
+            o_p, l_p, out, lse, sinks, total_q, hq, out.stride(0), out.stride(1), num_splits,
+            SPLITS_PAD=max(2, next_pow2(num_splits)), HEAD_DIM=d,
             HEAD_PAD=L.args["HEAD_PAD"], HAS_SINKS=sinks is not None, RETURN_LSE=return_lse,
             **({} if L.interpret else {"num_warps": 4 if d >= 128 else 2}))
     res = (out, lse) if return_lse else out

@@ -14,6 +14,8 @@ import torch
 from . import aot
 from .api import paged_attention, paged_decode
 
+# paged_decode's split counts (1..256) as the combine pads them: one launch each
+SPLIT_PADS = (2, 4, 8, 16, 32, 64, 128, 256)
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                  "fp8_e4m3": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
 
@@ -46,9 +48,10 @@ def warm(facts, arch: str, device: torch.device, max_query_tokens: int = 1) -> l
     for sq, v in aot.launch_plan(arch, facts, max_query_tokens):
         x = _inputs(facts, sq, device)
         opts = dict(x["opts"], window=v.window)
-        if v.entry == "paged_decode":
-            paged_decode(x["q"], x["k"], x["v"], x["cu"], x["seq_lens"], x["block_table"], max_seqlen_q=sq,
-                         num_splits=2, max_seqlen_k=sq, **opts)
+        if v.entry == "paged_decode":  # the combine compiles once per power-of-two pad of the split count
+            for splits in SPLIT_PADS:
+                paged_decode(x["q"], x["k"], x["v"], x["cu"], x["seq_lens"], x["block_table"], max_seqlen_q=sq,
+                             num_splits=splits, max_seqlen_k=sq, **opts)
         else:
             paged_attention(x["q"], x["k"], x["v"], x["cu"], x["seq_lens"], x["block_table"], max_seqlen_q=sq,
                             max_seqlen_k=sq, **opts)
