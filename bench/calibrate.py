@@ -18,6 +18,8 @@ Measured, in one process:
   that fill the GPU (32 / 8 heads, d 128, bf16, pages shuffled) at the planner's split counts,
   balanced by the kernel's rule against fixed ranges; the table's "decode" entry says
   ``balanced: false`` where balancing is slower (geomean), and the backend then keeps fixed ranges;
+- decode streaming: the copy rate and one split-KV CTA's stream rate (one CTA per SM), whose
+  ratio is how many CTAs a short decode batch needs to read at the copy rate (the fill target);
 - decode routing: the split-KV kernel and the Triton path at the planner's split count over a
   grid of (requests, context) per shape (DECODE_GRID, DECODE_ROUTE_SHAPES).
 
@@ -196,6 +198,30 @@ def decode_balance() -> dict:
     return {"balanced": ratio <= 0.99, "ratio": round(ratio, 4), "rows": rows}
 
 
+def decode_stream() -> dict:
+    """The device's copy rate and one split-KV CTA's stream rate (16-bit and FP8 KV): one CTA per
+    SM (requests x kv heads = SMs, one split, fixed ranges), 32k keys each, bytes of K and V read
+    per second per CTA. The planner's fill target for a short batch follows from their ratio."""
+    from bench import decode as bd
+    from bench.common import copy_bandwidth_gbs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hk = next(h for h in (4, 2, 1) if sms % h == 0)
+    bd.set_heads(4 * hk, hk, 128)
+    ctx, out = 32768, {"copy_gbps": round(copy_bandwidth_gbs(), 1), "cta_gbps": {}}
+    for kv, name in (("bf16", "16bit"), ("fp8_tensor", "fp8")):
+        c = bd.build(sms // hk, ctx, kv)
+        bd.BALANCED = False
+        us = bd.bench_ms(bd.run_ours(c, 1)) * 1e3
+        bd.BALANCED = None
+        read = 2 * (sms // hk) * ctx * hk * 128 * (2 if kv == "bf16" else 1)
+        out["cta_gbps"][name] = round(read / (us * 1e-6) / 1e9 / sms, 2)
+        c.clear()
+        torch.cuda.empty_cache()
+    bd.set_heads(32, 8, 128)
+    return out
+
+
 def decode_paths(balanced: bool, quick: bool = False) -> dict:
     """The split kernel and the Triton path per (requests, context) of DECODE_GRID, at the
     planner's split count and rule (bf16, pages shuffled, sinks on the d 64 shapes): the
@@ -284,6 +310,7 @@ def main(argv=None) -> dict:
                      "varlen_us": tv, "unified_us": tu, "batch": bs,
                      "varlen_latency_us": lat_v, "unified_latency_us": lat_u})
     decode = decode_balance()
+    decode.update(decode_stream())
     decode.update(decode_paths(decode["balanced"], quick=args.quick))
     print("decode: " + ", ".join(f"{r['batch']}x{r['ctx']} at {r['splits']} splits balanced {r['balanced_us']} us, "
                                  f"fixed {r['fixed_us']} us" for r in decode["rows"])

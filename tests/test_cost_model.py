@@ -288,3 +288,20 @@ def test_decode_grid_is_interpolated_and_checked():
         DecodeCost(bad)
     with pytest.raises(ValueError, match="increasing"):
         DecodeCost({**decode_entry(), "grid": {"batch": [8, 1], "ctx": [4096, 8192]}})
+
+
+def test_a_measured_stream_rate_sets_the_decode_fill_target():
+    """H200-like: copy 4219 GB/s, one 16-bit CTA streams 29.7 GB/s, so 138 CTAs (97% of the copy
+    rate) are the fill target: 8 x 32k takes 3 splits (192 CTAs), 1 x 128k 18; FP8 at 13 GB/s a
+    CTA wants 315. Without the measurement the per-SM fill holds (one 16-bit CTA per SM)."""
+    from atom_backend.planning import decode_split_rule
+
+    t = {**table(), "decode": {"copy_gbps": 4219.0, "cta_gbps": {"16bit": 29.7, "fp8": 13.0}}}
+    p = platform(CostModel(t))
+    assert (p.decode_fill_ctas, p.decode_fill_ctas_fp8) == (138, 315)
+    llama = ModelFacts(32, 8, 128)
+    assert decode_split_rule(8, llama, p, PlannerConfig()).fill == 3
+    assert decode_split_rule(1, llama, p, PlannerConfig()).fill == 18
+    assert decode_split_rule(8, llama, platform(CostModel(table())), PlannerConfig()).fill == 2  # (132 - 1) // 64
+    with pytest.raises(ValueError, match="positive"):
+        CostModel({**table(), "decode": {"copy_gbps": 4219.0, "cta_gbps": {"16bit": 0}}})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from dataclasses import dataclass, replace
 
 from atom_backend.planning import rules
@@ -195,6 +196,24 @@ def path_caps(arch: str) -> dict[str, PathCaps]:
     }
 
 
+# The share of the copy rate a short decode batch's CTAs aim to stream together.
+STREAM_TARGET = 0.97
+
+
+def stream_fill_ctas(cost, kv: str, num_sms: int) -> int:
+    """CTAs whose stream rates (the cost table's decode.cta_gbps[kv]) add up to STREAM_TARGET of
+    its copy rate, short of every resident slot (Platform.decode_ctas_per_sm); 0 when the table
+    has no such measurement (the per-SM fill rule then holds)."""
+    copy = getattr(cost, "decode_copy_gbps", None)
+    cta = (getattr(cost, "decode_cta_gbps", None) or {}).get(kv)
+    if not copy or not cta:
+        return 0
+    from atom_backend.planning import Platform
+
+    per_sm = Platform.decode_ctas_per_sm if kv == "16bit" else Platform.decode_ctas_per_sm_fp8
+    return max(1, min(math.ceil(STREAM_TARGET * copy / cta), num_sms * per_sm - 1))
+
+
 def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, splitkv_kernel: bool = True,
                  cost=None, use_tables: bool = True, device: str = ""):
     """A planner Platform whose capabilities are this registry's answers for `arch` (and, with
@@ -209,8 +228,10 @@ def platform_for(arch: str, *, num_sms: int = 132, varlen_kernel: bool = True, s
         cost = tables.cost_model(arch, device)
     target = rules.compile_target(arch)
     prefill = _modules().get("prefill")  # none: no FP8 prefill either, nothing to limit
+    fill = {kv: stream_fill_ctas(cost, kv, num_sms) for kv in ("16bit", "fp8")}
     return Platform(vendor="amd" if arch.startswith("gfx") else "nvidia", arch=target,
                     num_sms=num_sms, varlen_kernel=varlen_kernel, splitkv_kernel=splitkv_kernel,
+                    decode_fill_ctas=fill["16bit"], decode_fill_ctas_fp8=fill["fp8"],
                     varlen_caps=caps["varlen"], varlen_fp8_caps=caps["varlen_fp8"], splitkv_caps=caps["splitkv"],
                     cost=cost, fp8_max_keys=prefill.fp8_accurate_keys(target) if prefill else 0,
                     decode_balanced=getattr(cost, "decode_balanced", None) is not False)

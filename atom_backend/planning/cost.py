@@ -122,6 +122,12 @@ class CostModel:
         self.decode_balanced = dec.get("balanced")
         if self.decode_balanced not in (None, True, False):
             raise ValueError(f"{source}: decode.balanced must be true, false or absent, got {self.decode_balanced!r}")
+        # the copy rate and one split-KV CTA's stream rate, GB/s (None: not measured)
+        self.decode_copy_gbps = dec.get("copy_gbps")
+        self.decode_cta_gbps = dict(dec.get("cta_gbps", {}))
+        rates = [self.decode_copy_gbps, *self.decode_cta_gbps.values()] if self.decode_copy_gbps is not None else []
+        if any(not isinstance(r, (int, float)) or not r > 0 for r in rates):
+            raise ValueError(f"{source}: decode copy_gbps / cta_gbps must be positive numbers")
         # the compiled split-KV kernel against the Triton path (None: not measured: split-KV)
         self.decode = DecodeCost(dec, source) if "grid" in dec else None
 

@@ -128,6 +128,11 @@ class Platform:
     # counts from a sweep").
     decode_fill_per_sm: int = 1
     decode_fill_per_sm_fp8: int = 4
+    # The fill target in CTAs where the device's table measured it (0: num_sms x the per-SM fill
+    # above): enough CTAs that their stream rates add up to the copy rate
+    # (catalog.registry.stream_fill_ctas).
+    decode_fill_ctas: int = 0
+    decode_fill_ctas_fp8: int = 0
     # The split kernel's balanced slices (16-bit KV: a request's splits claim its keys at run time)
     # where its rule says they pay (hip_kernels.decode.balance_pays, measured on an H100); False on
     # a device where bench.calibrate measured them slower (its table's "decode" entry).

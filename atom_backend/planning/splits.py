@@ -85,17 +85,21 @@ def request_split_tokens(num_decodes: int, config: PlannerConfig) -> int:
 
 
 def decode_split_rule(num_decodes: int, facts: ModelFacts, platform: Platform, config: PlannerConfig) -> SplitRule:
-    """The batch's SplitRule. Its fill target puts the platform's fill CTAs on every SM
-    (``decode_fill_per_sm``: one 16-bit CTA, four FP8 ones on H100), short of the last slot: a
-    grid that needs every slot at once waits for the slowest to free (H100, FP8 2 x 4k keys: 33
-    splits, 528 CTAs on 528 slots, 23.7 us; 32 splits 21.2 us). Grown counts fill whole waves
-    of the CTAs resident at once (``decode_ctas_per_sm`` per SM)."""
+    """The batch's SplitRule. Its fill target: where the device's table measured one CTA's stream
+    rate, the CTAs that together stream the copy rate (``decode_fill_ctas``); else the platform's
+    fill CTAs on every SM (``decode_fill_per_sm``: one 16-bit CTA, four FP8 ones on H100), short
+    of the last slot: a grid that needs every slot at once waits for the slowest to free (H100,
+    FP8 2 x 4k keys: 33 splits, 528 CTAs on 528 slots, 23.7 us; 32 splits 21.2 us). Grown counts
+    fill whole waves of the CTAs resident at once (``decode_ctas_per_sm`` per SM)."""
     fp8 = facts.kv_dtype.startswith("fp8")
     ctas = max(1, num_decodes * facts.num_kv_heads)
     fill_per_sm = platform.decode_fill_per_sm_fp8 if fp8 else platform.decode_fill_per_sm
     resident = platform.decode_ctas_per_sm_fp8 if fp8 else platform.decode_ctas_per_sm
+    measured = platform.decode_fill_ctas_fp8 if fp8 else platform.decode_fill_ctas
+    # measured on the device: at least that many CTAs; else the per-SM fill, short of the last slot
+    fill = -(-measured // ctas) if measured else (platform.num_sms * fill_per_sm - 1) // ctas
     return SplitRule(min_tokens=request_split_tokens(num_decodes, config),
-                     fill=max(1, (platform.num_sms * fill_per_sm - 1) // ctas),
+                     fill=max(1, fill),
                      long_tokens=config.long_split_tokens, ctas=ctas, slots=platform.num_sms * resident,
                      wave_fill=config.wave_fill)
 
