@@ -130,16 +130,16 @@ def test_undeclared_target_falls_back_to_fewer_stages(monkeypatch):
 
 
 def test_per_batch_scalars_are_never_specialized():
-    """Batch-dependent ints (sequence count, token count, the split rule) would each make Triton
-    compile another form of the kernel for values equal to 1 or multiples of 16: a compile or a
-    disk load inside a serving step (seen on the H200 as 60-80 ms a step on batches of short
+    """Batch-dependent ints (sequence count, token count, the split rule, the combine's split
+    count) would each make Triton compile another form of the kernel for values equal to 1 or
+    multiples of 16: a compile or a disk load inside a serving step (seen on the H200 as 60-80 ms a step on batches of short
     prefills). They are unspecialized in the JIT and plain i32 in the ahead-of-time build, so the
     one form the build compiles is the one every batch launches."""
     from atom_backend.unified import _kernels
 
     jit = {p.name for p in _kernels.unified_attn_kernel.params if p.do_not_specialize}
     assert jit == set(_kernels.PER_BATCH_ARGS)
-    assert {p.name for p in _kernels.combine_kernel.params if p.do_not_specialize} == {"total_q"}
+    assert {p.name for p in _kernels.combine_kernel.params if p.do_not_specialize} == {"total_q", "num_splits"}
     facts = ModelFacts(64, 8, 64, has_sinks=True, layer_windows=(0, 128))
     for v in aot.launch_variants("sm_90a", facts, max_query_tokens=2):
         src = aot._source(v)
