@@ -265,7 +265,8 @@ def run_case(name: str, spec: dict, platform, cfg, record) -> None:
         try:
             from atom_backend import unified
 
-            tkw = dict(kw, max_seqlen_q=kw.pop("max_query_len"))
+            tkw = {k: v for k, v in kw.items() if k != "max_query_len"}
+            tkw.update(max_seqlen_q=qt, num_splits=min(splits, 256))  # the Triton path's bound
 
             def triton():
                 unified.paged_decode(c["q"], c["k"], c["v"], c["cu"], c["sl"], c["bt"], **tkw)
