@@ -5,7 +5,7 @@
     build  --arch A [--arch B ...] [--model CONFIG | flags] [-j N] [--dry-run]
                                                  compile them into $ATOM_KERNEL_CACHE, and the
                                                  unified path's declared Triton tiles for A
-    tables [--arch A]                            which tuning / cost tables apply (or the defaults)
+    tables [--arch A] [--device NAME]            which tuning / cost tables apply (or the defaults)
 
 CONFIG: a Hugging Face config.json (or its directory). Flags instead: --heads, --kv-heads,
 --head-dim, --dtype, --kv-dtype (comma list: auto,fp8), --sinks, --window W or
@@ -170,7 +170,7 @@ def cmd_tables(args) -> int:
     from atom_backend.catalog import tables
     for arch in args.arch or list(rules.ARCHS):
         for kind in tables.KINDS:
-            data = tables.load(kind, arch)
+            data = tables.load(kind, arch, args.device)
             if data is None:
                 what = ("defaults: hip_kernels.prefill PORTABLE_TILES / HOPPER_TILES" if kind == "tuning"
                         else "none: threshold routing (ATOM_VARLEN_MIN_NEW_TOKENS, ATOM_MAX_GATHER_RATIO)")
@@ -204,6 +204,7 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_build)
     p = sub.add_parser("tables", help="which tuning / cost tables apply")
     p.add_argument("--arch", action="append", default=[])
+    p.add_argument("--device", default="", help="a device's name, e.g. \"NVIDIA H200\" (its own tables first)")
     p.set_defaults(fn=cmd_tables)
     args = ap.parse_args(argv)
     return args.fn(args)
