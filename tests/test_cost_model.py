@@ -282,6 +282,10 @@ def test_decode_grid_is_interpolated_and_checked():
     ts_mid, _ = d.predict(FACTS, 8, 65536)  # halfway in log space between 32k and 128k: the geometric mean
     assert ts_mid == pytest.approx(10.0 * 8 * 8 * 2 ** 1.0, rel=1e-6)
     assert d.predict(FACTS, 1000, 10**7)[0] == pytest.approx(10.0 * 64 * 32)  # the edge holds outside
+    routed = DecodeCost(decode_entry(unified_faster_from_ctx=131072))
+    for b, c in ((1, 4096), (8, 65536), (64, 131072), (3, 200000), (100, 1000)):  # the bound lookup = the prediction
+        ts, tu = routed.predict(FACTS, b, c)
+        assert routed.unified_faster(FACTS, b, c) == (tu < 0.95 * ts), (b, c)
     bad = decode_entry()
     bad["shapes"][0]["unified_us"][0][0] = 0.0
     with pytest.raises(ValueError, match="unified_us must be positive"):

@@ -41,6 +41,7 @@ import math
 import numpy as np
 
 from .decode_cost import DecodeCost
+from .grids import bilinear, nearest_shape
 
 SCHEMA = 1
 _STEPS = 16  # grid points per octave of the bound tables
@@ -133,12 +134,7 @@ class CostModel:
 
     # -- choosing the calibrated shape and interpolating its rate ---------------------------
     def shape_for(self, facts, window: int) -> _Shape:
-        def score(s: _Shape):
-            return ((s.d != facts.head_dim) * 100 + abs(math.log2(s.d / facts.head_dim)) * 10
-                    + ((s.window > 0) != (window > 0)) * 50 + abs(math.log2(max(s.window, 1) / max(window, 1)))
-                    + abs(math.log2(s.hq / facts.num_q_heads)))
-
-        return min(self.shapes, key=score)
+        return nearest_shape(self.shapes, facts, window)
 
     def _rate(self, shape: _Shape, path: str, n, c):
         """Interpolated work per us at (n, c) (arrays of one shape): bilinear in log space."""
@@ -148,14 +144,7 @@ class CostModel:
         """exp of the bilinear interpolation of a log grid at (n, c), in (log2 n, log2(c + 1))."""
         x = np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
         y = np.log2(np.asarray(c, dtype=np.float64) + 1)
-        X, Y = self._x, self._y
-        xi = np.clip(np.searchsorted(X, x) - 1, 0, len(X) - 2)
-        yi = np.clip(np.searchsorted(Y, y) - 1, 0, len(Y) - 2)
-        tx = np.clip((x - X[xi]) / (X[xi + 1] - X[xi]), 0.0, 1.0)
-        ty = np.clip((y - Y[yi]) / (Y[yi + 1] - Y[yi]), 0.0, 1.0)
-        v = (lr[xi, yi] * (1 - tx) * (1 - ty) + lr[xi + 1, yi] * tx * (1 - ty)
-             + lr[xi, yi + 1] * (1 - tx) * ty + lr[xi + 1, yi + 1] * tx * ty)
-        return np.exp(v)
+        return np.exp(bilinear(lr, self._x, self._y, x, y))
 
     def _gather_gbps(self, facts) -> float:
         key = "fp8" if facts.kv_dtype.startswith("fp8") else "16bit"

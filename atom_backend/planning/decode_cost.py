@@ -5,8 +5,8 @@ path (``unified.paged_decode``), each timed at the planner's split count and rul
 
 A decode batch goes to the Triton path where its predicted time there is below ``MARGIN`` of the
 compiled kernel's: between grid points the log of each time is interpolated bilinearly in
-(log2 requests, log2 context), outside them the nearest edge holds. The shape used for a model:
-same head dim (else nearest), same window class, nearest head count, as for prefill; a model
+(log2 requests, log2 context), outside them the nearest edge holds. The shape used for a model
+is the prefill model's choice (``grids.nearest_shape``); a model
 whose layers have different windows sums the per-layer predictions. Under vLLM's FULL CUDA
 graphs the route of a captured batch size is decided when it is captured, at the context the
 capture plans for, and holds for its replays.
@@ -18,9 +18,14 @@ import math
 
 import numpy as np
 
+from .grids import bilinear, nearest_shape
+
 # The Triton path must be this much faster to take a batch: the grid's interpolation error and
 # the run-to-run spread of the calibration stay on the compiled kernel's side.
 MARGIN = 0.95
+_STEPS = 8  # decisions per octave of requests and of context, evaluated once per model
+_MAX_LOG_BATCH = 12  # 4096 requests
+_MAX_LOG_CTX = 23  # 8M keys
 
 
 class _DecodeShape:
@@ -50,37 +55,38 @@ class DecodeCost:
         self.shapes = [_DecodeShape(s, (len(self.batch), len(self.ctx)), source) for s in entry["shapes"]]
         if not self.shapes:
             raise ValueError(f"{source}: decode grid without shapes")
+        self._bound: dict = {}
 
-    def shape_for(self, facts, window: int) -> _DecodeShape:
-        def score(s: _DecodeShape):
-            return ((s.d != facts.head_dim) * 100 + abs(math.log2(s.d / facts.head_dim)) * 10
-                    + ((s.window > 0) != (window > 0)) * 50 + abs(math.log2(s.hq / facts.num_q_heads))
-                    + abs(math.log2(s.hk / facts.num_kv_heads)))
+    def _time(self, facts, window: int, path: str, log_batch, log_ctx):
+        s = nearest_shape(self.shapes, facts, window)
+        return np.exp(bilinear(s.log_us[path], self._x, self._y, log_batch, log_ctx))
 
-        return min(self.shapes, key=score)
-
-    def _interp(self, lt, batch: int, ctx: int) -> float:
-        x, y = math.log2(max(batch, 1)), math.log2(max(ctx, 1))
-        X, Y = self._x, self._y
-        xi = int(np.clip(np.searchsorted(X, x) - 1, 0, len(X) - 2))
-        yi = int(np.clip(np.searchsorted(Y, y) - 1, 0, len(Y) - 2))
-        tx = min(max((x - X[xi]) / (X[xi + 1] - X[xi]), 0.0), 1.0)
-        ty = min(max((y - Y[yi]) / (Y[yi + 1] - Y[yi]), 0.0), 1.0)
-        v = (lt[xi, yi] * (1 - tx) * (1 - ty) + lt[xi + 1, yi] * tx * (1 - ty)
-             + lt[xi, yi + 1] * (1 - tx) * ty + lt[xi + 1, yi + 1] * tx * ty)
-        return math.exp(v)
-
-    def predict(self, facts, batch: int, ctx: int) -> tuple[float, float]:
-        """(split-KV us, Triton us) per step of a decode batch of `batch` requests, longest `ctx` keys."""
+    def predict(self, facts, batch, ctx):
+        """(split-KV us, Triton us) per step of a decode batch of `batch` requests, longest `ctx`
+        keys (scalars or arrays)."""
         windows = list(getattr(facts, "layer_windows", ()) or ()) or [facts.window]
+        x = np.log2(np.maximum(np.asarray(batch, dtype=np.float64), 1.0))
+        y = np.log2(np.maximum(np.asarray(ctx, dtype=np.float64), 1.0))
         ts = tu = 0.0
         for w in sorted(set(int(w) for w in windows)):
             weight = windows.count(w) / len(windows)
-            s = self.shape_for(facts, w)
-            ts += weight * self._interp(s.log_us["splitkv"], batch, ctx)
-            tu += weight * self._interp(s.log_us["unified"], batch, ctx)
+            ts = ts + weight * self._time(facts, w, "splitkv", x, y)
+            tu = tu + weight * self._time(facts, w, "unified", x, y)
         return ts, tu
 
     def unified_faster(self, facts, batch: int, ctx: int) -> bool:
-        ts, tu = self.predict(facts, batch, ctx)
+        """The route of one batch, looked up in the model's decisions (``_decisions``): the planner
+        asks once per step and group, within its budget of microseconds."""
+        table = self._bound.get(facts)
+        if table is None:
+            table = self._bound[facts] = self._decisions(facts)
+        i = min(max(round(math.log2(max(batch, 1)) * _STEPS), 0), table.shape[0] - 1)
+        j = min(max(round(math.log2(max(ctx, 1)) * _STEPS), 0), table.shape[1] - 1)
+        return bool(table[i, j])
+
+    def _decisions(self, facts) -> np.ndarray:
+        """Triton faster by MARGIN, per (requests, context) on a grid of _STEPS points an octave."""
+        b = 2.0 ** (np.arange(_MAX_LOG_BATCH * _STEPS + 1) / _STEPS)
+        c = 2.0 ** (np.arange(_MAX_LOG_CTX * _STEPS + 1) / _STEPS)
+        ts, tu = self.predict(facts, b[:, None], c[None, :])
         return tu < MARGIN * ts

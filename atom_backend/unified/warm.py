@@ -21,13 +21,14 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 
 
 def _inputs(facts, sq: int, device: torch.device) -> dict:
-    """q, caches, metadata and options for one request of sq new tokens over sq keys."""
+    """q, caches, metadata and options (but the window: each variant has its own) for one request
+    of sq new tokens over sq keys."""
     d, hq, hk, page = facts.head_dim, facts.num_q_heads, facts.num_kv_heads, facts.page_size
     pages = -(-sq // page)
     # the serving cache's layout: [blocks, kv heads, page, 2 * d], K and V as views of it
     kv = torch.zeros((pages + 1, hk, page, 2 * d), dtype=_TORCH_DTYPES[facts.kv_dtype], device=device)
     k, v = kv.transpose(1, 2).split(d, dim=-1)
-    opts = dict(window=facts.window, sink_tokens=facts.sink_tokens, softcap=facts.softcap)
+    opts = dict(sink_tokens=facts.sink_tokens, softcap=facts.softcap)
     if facts.has_sinks:
         opts["sinks"] = torch.zeros((hq,), dtype=torch.float32, device=device)
     if facts.kv_scale_mode == "per_tensor":
